@@ -1,0 +1,36 @@
+# kvtier developer commands.  `make test` is what CI runs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TYPECHECK_TREE := build/typecheck
+
+.PHONY: test lint typecheck venv demo wheel-check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+venv: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,s3,metrics]'
+
+# mypy cannot follow setuptools' package-dir mapping, so check a symlink tree
+# laid out the way the installed package is.
+typecheck: venv
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)
+	cp -rs $(CURDIR)/sdk $(TYPECHECK_TREE)/kvtier
+	cp -rs $(CURDIR)/spec $(TYPECHECK_TREE)/kvtier/spec
+	cp -rs $(CURDIR)/backends $(TYPECHECK_TREE)/kvtier/backends
+	cp -rs $(CURDIR)/contrib $(TYPECHECK_TREE)/kvtier/contrib
+	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kvtier
+
+lint: venv
+	$(BIN)/ruff check sdk spec backends contrib tests bench
+
+test: venv lint typecheck
+	$(BIN)/pytest
+
+demo: venv
+	$(BIN)/python -m kvtier.demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

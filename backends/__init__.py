@@ -1,0 +1,5 @@
+"""kvtier's built-in backends.
+
+They are registered through the ``kvtier.backends`` entry-point group, the same
+way third-party backends are, and imported only when a chain needs them.
+"""

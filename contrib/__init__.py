@@ -1,0 +1,1 @@
+"""Integrations of kvtier with inference engines."""

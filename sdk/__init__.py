@@ -1,0 +1,35 @@
+"""kvtier: a storage-backend SDK for LLM KV cache tiers.
+
+Open a chain of tiers from a YAML file or a dict::
+
+    import kvtier
+
+    with kvtier.open_chain("tiers.yaml", namespace="my-model/bf16/b32") as chain:
+        chain.put(keys, blocks)
+        chain.get(keys, out)
+"""
+
+from __future__ import annotations
+
+from .spec import (
+    CONTRACT_VERSION,
+    BackendError,
+    ClosedError,
+    ConfigError,
+    ContractError,
+    KvtierError,
+    PluginError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CONTRACT_VERSION",
+    "BackendError",
+    "ClosedError",
+    "ConfigError",
+    "ContractError",
+    "KvtierError",
+    "PluginError",
+    "__version__",
+]

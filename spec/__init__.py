@@ -1,0 +1,38 @@
+"""kvtier's block-store contract: hooks, value types and errors.
+
+Everything a backend author needs is importable from here::
+
+    from kvtier.spec import hookimpl, Capabilities, Option, BackendError
+"""
+
+from __future__ import annotations
+
+from . import hookspecs
+from .errors import (
+    BackendError,
+    ClosedError,
+    ConfigError,
+    ContractError,
+    KvtierError,
+    PluginError,
+)
+from .hookspecs import CONTRACT_VERSION, MAX_KEY_SIZE, BytesLike, hookimpl, hookspec
+from .types import Capabilities, Option, OptionType
+
+__all__ = [
+    "CONTRACT_VERSION",
+    "MAX_KEY_SIZE",
+    "BackendError",
+    "BytesLike",
+    "Capabilities",
+    "ClosedError",
+    "ConfigError",
+    "ContractError",
+    "KvtierError",
+    "Option",
+    "OptionType",
+    "PluginError",
+    "hookimpl",
+    "hookspec",
+    "hookspecs",
+]

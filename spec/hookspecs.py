@@ -1,0 +1,268 @@
+"""The block-store contract: the hooks a kvtier backend implements.
+
+A backend is a class whose instances carry ``@hookimpl`` methods named after
+the hooks below.  kvtier makes one instance per tier (the class is called with
+no arguments and must do no I/O), registers it with a pluggy plugin manager
+that validates it against this file, asks it for ``kvtier_options``, then
+calls ``kvtier_open`` and the data hooks.  An implementation may accept fewer
+parameters than the spec lists (pluggy passes only what it names), never
+more; a method named ``kvtier_*`` that matches no hook here is rejected.
+
+Conventions that hold for every data hook:
+
+* Calls are **batched**: ``keys`` is a sequence of ``bytes`` (1 to
+  :data:`MAX_KEY_SIZE` bytes, checked by kvtier before the call) and the
+  answer is a sequence of the same length, in the same order.  Empty batches
+  happen and answer an empty sequence.  The same key may appear twice.
+* A **miss** is ``None`` or ``False`` in the answer, never an exception.
+* A **fault** (I/O error, server unreachable) raises
+  :class:`~kvtier.spec.BackendError` or any ``OSError``.  The chain marks the
+  tier unhealthy for a while and serves its operations as misses.
+* Blocks are **immutable per key**: storing a key that is already stored may
+  be skipped, and the answer is still ``True``.
+* **Thread safety**: if :attr:`Capabilities.thread_safe` is true, any hook may
+  be called from several threads at once; otherwise kvtier serialises calls.
+* After ``kvtier_close`` every hook except ``kvtier_close`` raises
+  :class:`~kvtier.spec.ClosedError`.
+
+Two data hooks are optional fast paths, for backends that can avoid a copy:
+``kvtier_put_parts`` (gather write) and ``kvtier_get_into`` (scatter read).
+A simple backend implements ``kvtier_put`` and ``kvtier_get`` only, storing
+and returning ``bytes``.
+"""
+
+# mypy: disable-error-code="empty-body"
+# Hook specs are signatures and docstrings only; pluggy never calls them.
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .types import Capabilities, Option
+
+__all__ = [
+    "CONTRACT_VERSION",
+    "MAX_KEY_SIZE",
+    "BytesLike",
+    "hookimpl",
+    "hookspec",
+]
+
+#: Version of this contract, ``"MAJOR.MINOR"``.  A new optional hook bumps the
+#: minor number; a changed signature or meaning bumps the major number.
+CONTRACT_VERSION = "1.0"
+
+#: Longest key kvtier passes to a backend, in bytes.
+MAX_KEY_SIZE = 64
+
+#: What a block can be: any C-contiguous buffer of bytes.
+BytesLike = Union[bytes, bytearray, memoryview]
+
+hookspec = pluggy.HookspecMarker("kvtier")
+hookimpl = pluggy.HookimplMarker("kvtier")
+
+
+# -------------------------------------------------------------------------
+# lifecycle and introspection
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kvtier_options() -> Mapping[str, Option] | None:
+    """Declare the options this backend accepts in its tier entry.
+
+    Called on a fresh instance before ``kvtier_open``, also by
+    ``kvtier config validate`` and ``kvtier backends``; must not do I/O.
+
+    :return: a mapping from option name to :class:`~kvtier.spec.Option`.
+        kvtier rejects any other key in the tier entry, fills defaults, and
+        parses sizes and durations before ``kvtier_open`` sees them.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec
+def kvtier_open(options: Mapping[str, Any], namespace: str) -> None:
+    """Open the store: connect, create directories, rebuild indexes.
+
+    :param options: the tier's options, validated against
+        ``kvtier_options`` and with defaults filled in.
+    :param namespace: a 32-character lowercase hex string naming the KV
+        namespace (model, dtype, layout, ...).  Blocks of different
+        namespaces are never interchangeable; a backend may use it to lay
+        out storage (a directory, a key prefix).  Keys are only unique
+        within one namespace.
+
+    Raise :class:`~kvtier.spec.ConfigError` for bad option values (with
+    ``key=`` the option name) and :class:`~kvtier.spec.BackendError` when the
+    store cannot be reached; the message should name the location (URL,
+    endpoint, bucket) but never a credential.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_capabilities() -> Capabilities:
+    """Declare what this open instance can do.
+
+    Called after ``kvtier_open``.  The answer may depend on options (a
+    ``memory://`` filesystem is not persistent, ``file://`` is).
+
+    :return: a :class:`~kvtier.spec.Capabilities`.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_stats() -> Mapping[str, int | float] | None:
+    """Report the backend's own figures.
+
+    kvtier counts hits, misses, bytes and latency itself; this hook adds what
+    only the backend knows.  Use these names where they apply:
+    ``used_bytes`` (bytes held, as counted against capacity), ``blocks``
+    (number of blocks held), ``capacity_bytes``, ``evictions``.
+
+    :return: a flat mapping of names to numbers.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec
+def kvtier_close() -> None:
+    """Release everything the instance holds.
+
+    Idempotent: a second call does nothing.  A persistent backend must have
+    made every block it answered ``True`` for in ``kvtier_put`` visible to a
+    later ``kvtier_open`` with the same options.
+    """
+
+
+# -------------------------------------------------------------------------
+# data path
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kvtier_put(
+    keys: Sequence[bytes],
+    blocks: Sequence[BytesLike],
+    evicted: MutableSequence[tuple[bytes, BytesLike]],
+) -> Sequence[bool]:
+    """Store ``blocks[i]`` under ``keys[i]``.
+
+    :param keys: the keys, see the conventions above.
+    :param blocks: the blocks, as bytes-like objects, valid only during the
+        call: a backend that keeps one must copy it (keeping a reference to a
+        ``bytes`` object is such a copy).  Copy once.
+    :param evicted: a list to which a backend with a capacity appends
+        ``(key, block)`` for every block this call pushed out, before
+        dropping it, so the chain can move it to the tier below.  The block
+        handed over must stay valid after the call (``bytes`` is ideal).
+        Backends without capacity, or that declare
+        ``reports_evictions=False``, ignore it.
+
+    :return: one ``bool`` per key: ``True`` if the block is now stored (or
+        already was), ``False`` if it was refused (larger than the capacity
+        or ``max_block_size``).  A refused block is not an error.
+
+    A reader must never see a partial block: publish atomically.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_put_parts(
+    keys: Sequence[bytes],
+    parts: Sequence[Sequence[BytesLike]],
+    evicted: MutableSequence[tuple[bytes, BytesLike]],
+) -> Sequence[bool]:
+    """Optional: store blocks given as gather lists, without joining them.
+
+    Same as ``kvtier_put``, except that block ``i`` is the concatenation of
+    ``parts[i]`` (typically a small header and a large payload).  Implement
+    it when the store can write several buffers at once (``os.writev``,
+    ``socket.sendmsg``); kvtier then prefers it and skips one copy.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
+    """Fetch blocks.
+
+    :return: per key, the block exactly as stored (a bytes-like object the
+        caller may keep and the backend must never modify afterwards), or
+        ``None`` for a miss.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_get_into(
+    keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
+) -> Sequence[int | None]:
+    """Optional: fetch blocks straight into the caller's buffers.
+
+    :param buffers: per key, a scatter list of writable byte memoryviews
+        whose total length is the size the caller expects the block to have.
+    :return: per key, ``None`` for a miss, else the stored block's size in
+        bytes.  When that size equals the total length of ``buffers[i]`` the
+        block has been written across them in order; when it differs the
+        buffers' content is unspecified and kvtier falls back to
+        ``kvtier_get`` for that key.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_lookup(keys: Sequence[bytes]) -> Sequence[bool]:
+    """Tell which keys are stored, without reading their blocks.
+
+    :return: per key, ``True`` if a ``kvtier_get`` issued now would hit.  A
+        backend may answer from a short-lived cache; ``kvtier_get`` remains
+        the authority (a stale ``True`` becomes a miss there).
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_evict(keys: Sequence[bytes]) -> Sequence[bool]:
+    """Remove blocks.
+
+    :return: per key, ``True`` if a block was removed by this call, ``False``
+        if the key was not stored (which is harmless).  Evicted blocks are
+        not reported through ``evicted``: the caller asked for their removal.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
+
+
+# -------------------------------------------------------------------------
+# testing
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kvtier_tamper(key: bytes, transform: Callable[[bytes], bytes]) -> bool | None:
+    """Optional, for the conformance kit only: rewrite a stored block raw.
+
+    Replace the stored bytes ``b`` of ``key`` by ``transform(b)``, bypassing
+    the backend's own bookkeeping (sizes in an index, caches), the way bit
+    rot or a truncating crash would.  Never called on the data path.
+
+    :return: ``True`` if the key was stored and has been rewritten, ``False``
+        if it was not stored.  Backends without it skip the kit's corruption
+        group.
+
+    Stops at first non-None result, see :ref:`firstresult`.
+    """
