@@ -26,7 +26,16 @@ typecheck: venv
 lint: venv
 	$(BIN)/ruff check sdk spec backends contrib tests bench
 
-test: venv lint typecheck
+# Build a plain wheel and import it in a clean virtual environment.
+wheel-check: venv
+	rm -rf dist build/wheel-venv
+	$(BIN)/python -m build --wheel --no-isolation --outdir dist . >/dev/null
+	$(PYTHON) -m venv build/wheel-venv
+	build/wheel-venv/bin/pip install --quiet dist/kvtier-*.whl
+	cd build && wheel-venv/bin/python $(CURDIR)/.ci/wheel_smoke.py
+	cd build && wheel-venv/bin/kvtier backends >/dev/null
+
+test: venv lint typecheck wheel-check
 	$(BIN)/pytest
 
 demo: venv

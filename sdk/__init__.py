@@ -11,6 +11,8 @@ Open a chain of tiers from a YAML file or a dict::
 
 from __future__ import annotations
 
+from .chain import Chain, JobResult, open_chain
+from .namespace import Namespace
 from .spec import (
     CONTRACT_VERSION,
     BackendError,
@@ -26,10 +28,14 @@ __version__ = "0.1.0"
 __all__ = [
     "CONTRACT_VERSION",
     "BackendError",
+    "Chain",
     "ClosedError",
     "ConfigError",
     "ContractError",
+    "JobResult",
     "KvtierError",
+    "Namespace",
     "PluginError",
     "__version__",
+    "open_chain",
 ]

@@ -75,12 +75,12 @@ class BackendHandle:
             pm.register(instance, name=f"{info.name}@{id(instance):x}")
             pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"backend {label} does not match the kvtier contract: {exc}") from None
+            raise PluginError(
+                f"backend {label} does not match the kvtier contract: {exc}"
+            ) from None
         self._pm = pm
         hook = pm.hook
-        implemented = {
-            name for name in _HOOK_NAMES if getattr(hook, name).get_hookimpls()
-        }
+        implemented = {name for name in _HOOK_NAMES if getattr(hook, name).get_hookimpls()}
         missing = [name for name in _REQUIRED_HOOKS if name not in implemented]
         if missing:
             raise PluginError(
@@ -182,9 +182,7 @@ def _check_names(instance: object, label: str) -> None:
             hint = f"; did you mean {close[0]}?" if close else ""
             raise PluginError(f"backend {label}: {attr} is not a kvtier hook{hint}")
         if callable(value) and not hasattr(value, marker):
-            raise PluginError(
-                f"backend {label}: {attr} is not marked with @kvtier.spec.hookimpl"
-            )
+            raise PluginError(f"backend {label}: {attr} is not marked with @kvtier.spec.hookimpl")
 
 
 class BackendRegistry:
@@ -217,8 +215,9 @@ class BackendRegistry:
 
         For tests and embedding; distributions use the entry-point group.
         """
-        info = BackendInfo(name, f"<in-process {getattr(factory, '__qualname__', factory)!s}>",
-                           None, None)
+        info = BackendInfo(
+            name, f"<in-process {getattr(factory, '__qualname__', factory)!s}>", None, None
+        )
         with self._lock:
             self._factories[name] = (info, factory)
             self._options_cache.pop(name, None)

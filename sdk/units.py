@@ -47,9 +47,7 @@ def parse_size(value: object) -> int:
             unit = match.group(2).lower()
             if unit in _SIZE_UNITS:
                 return int(float(match.group(1)) * _SIZE_UNITS[unit])
-    raise ValueError(
-        f"expected a size such as 8GiB, 500MB or 4096 (bytes), got {value!r}"
-    )
+    raise ValueError(f"expected a size such as 8GiB, 500MB or 4096 (bytes), got {value!r}")
 
 
 def parse_duration(value: object) -> float:

@@ -36,7 +36,7 @@ and returning ``bytes``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -59,7 +59,7 @@ CONTRACT_VERSION = "1.0"
 MAX_KEY_SIZE = 64
 
 #: What a block can be: any C-contiguous buffer of bytes.
-BytesLike = Union[bytes, bytearray, memoryview]
+BytesLike = bytes | bytearray | memoryview
 
 hookspec = pluggy.HookspecMarker("kvtier")
 hookimpl = pluggy.HookimplMarker("kvtier")
@@ -109,7 +109,9 @@ def kvtier_capabilities() -> Capabilities:
     """Declare what this open instance can do.
 
     Called after ``kvtier_open``.  The answer may depend on options (a
-    ``memory://`` filesystem is not persistent, ``file://`` is).
+    ``memory://`` filesystem is not persistent, ``file://`` is).  ``kvtier
+    backends`` also calls it on an instance that was never opened, to list
+    what the backend can do: answer for its default options then, without I/O.
 
     :return: a :class:`~kvtier.spec.Capabilities`.
 
@@ -189,6 +191,12 @@ def kvtier_put_parts(
     it when the store can write several buffers at once (``os.writev``,
     ``socket.sendmsg``); kvtier then prefers it and skips one copy.
 
+    :param keys: the keys, see the conventions above.
+    :param parts: per key, the bytes-like pieces of the block, in order,
+        valid only during the call.
+    :param evicted: as in ``kvtier_put``.
+    :return: as in ``kvtier_put``.
+
     Stops at first non-None result, see :ref:`firstresult`.
     """
 
@@ -197,6 +205,7 @@ def kvtier_put_parts(
 def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
     """Fetch blocks.
 
+    :param keys: the keys, see the conventions above.
     :return: per key, the block exactly as stored (a bytes-like object the
         caller may keep and the backend must never modify afterwards), or
         ``None`` for a miss.
@@ -211,6 +220,7 @@ def kvtier_get_into(
 ) -> Sequence[int | None]:
     """Optional: fetch blocks straight into the caller's buffers.
 
+    :param keys: the keys, see the conventions above.
     :param buffers: per key, a scatter list of writable byte memoryviews
         whose total length is the size the caller expects the block to have.
     :return: per key, ``None`` for a miss, else the stored block's size in
@@ -227,6 +237,7 @@ def kvtier_get_into(
 def kvtier_lookup(keys: Sequence[bytes]) -> Sequence[bool]:
     """Tell which keys are stored, without reading their blocks.
 
+    :param keys: the keys, see the conventions above.
     :return: per key, ``True`` if a ``kvtier_get`` issued now would hit.  A
         backend may answer from a short-lived cache; ``kvtier_get`` remains
         the authority (a stale ``True`` becomes a miss there).
@@ -239,6 +250,7 @@ def kvtier_lookup(keys: Sequence[bytes]) -> Sequence[bool]:
 def kvtier_evict(keys: Sequence[bytes]) -> Sequence[bool]:
     """Remove blocks.
 
+    :param keys: the keys, see the conventions above.
     :return: per key, ``True`` if a block was removed by this call, ``False``
         if the key was not stored (which is harmless).  Evicted blocks are
         not reported through ``evicted``: the caller asked for their removal.
@@ -260,6 +272,8 @@ def kvtier_tamper(key: bytes, transform: Callable[[bytes], bytes]) -> bool | Non
     the backend's own bookkeeping (sizes in an index, caches), the way bit
     rot or a truncating crash would.  Never called on the data path.
 
+    :param key: one key.
+    :param transform: a function from the stored bytes to the bytes to store.
     :return: ``True`` if the key was stored and has been rewritten, ``False``
         if it was not stored.  Backends without it skip the kit's corruption
         group.

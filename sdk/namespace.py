@@ -1,0 +1,98 @@
+"""KV namespaces: what makes two blocks interchangeable.
+
+A block of KV cache is only valid for the exact model, dtype, tokens per
+block, KV layout and parallel layout that produced it.  Every stored block
+carries a fingerprint of all of them (and of the block format version), and
+a tier answers a miss for any block whose fingerprint differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FORMAT_VERSION", "Namespace"]
+
+#: Version of the stored block format (header layout, codecs).
+FORMAT_VERSION = 1
+
+_SHUFFLE_BY_DTYPE = {
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+}
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Identity of a KV cache: two namespaces never share blocks.
+
+    ``model`` is the model id (or any string naming the producer);
+    ``parallel_layout`` names tensor/pipeline parallel sizes and the rank's
+    share, e.g. ``"tp2-rank0"``; ``extra`` holds anything else that changes
+    the bytes of a block (a KV quantisation scheme, a cache-dtype override).
+    """
+
+    model: str
+    dtype: str = ""
+    tokens_per_block: int = 0
+    kv_layout: str = ""
+    parallel_layout: str = ""
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: Namespace | str | Mapping[str, Any]) -> Namespace:
+        """A namespace from itself, a plain model string, or a mapping of fields."""
+        if isinstance(value, Namespace):
+            return value
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("a namespace needs a non-empty model name")
+            return cls(model=value)
+        if isinstance(value, Mapping):
+            known = {"model", "dtype", "tokens_per_block", "kv_layout", "parallel_layout", "extra"}
+            unknown = set(value) - known
+            if unknown:
+                raise ValueError(
+                    f"unknown namespace field(s) {sorted(unknown)}; known: {sorted(known)}"
+                )
+            if not value.get("model"):
+                raise ValueError("a namespace needs a non-empty 'model'")
+            return cls(**value)
+        raise TypeError(
+            f"namespace must be a Namespace, str or mapping, not {type(value).__name__}"
+        )
+
+    def _canonical(self) -> bytes:
+        doc = {
+            "format": FORMAT_VERSION,
+            "model": self.model,
+            "dtype": self.dtype,
+            "tokens_per_block": self.tokens_per_block,
+            "kv_layout": self.kv_layout,
+            "parallel_layout": self.parallel_layout,
+            "extra": {str(k): str(v) for k, v in sorted(self.extra.items())},
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def fingerprint(self) -> bytes:
+        """16 bytes identifying the namespace (BLAKE2b over its canonical form)."""
+        return hashlib.blake2b(self._canonical(), digest_size=16).digest()
+
+    @property
+    def hex(self) -> str:
+        """The fingerprint as 32 lowercase hex characters (safe in paths and keys)."""
+        return self.fingerprint.hex()
+
+    def shuffle_width(self) -> int:
+        """Element size for byte-shuffle when a tier says ``shuffle: auto``."""
+        return _SHUFFLE_BY_DTYPE.get(self.dtype.lower().removeprefix("torch."), 0)

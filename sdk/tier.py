@@ -1,0 +1,302 @@
+"""One tier of a chain: a backend behind the block format, health and stats.
+
+A :class:`Tier` turns the backend's opaque blocks into checked payloads:
+it frames what it writes (:mod:`kvtier.blockformat`), checks what it reads,
+counts everything, and turns backend faults into misses while the backend
+is unhealthy.  It never raises a backend's fault to its caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from . import blockformat
+from .blockformat import Codec, CorruptBlockError
+from .namespace import Namespace
+from .registry import BackendHandle
+from .spec import BytesLike, Capabilities, ClosedError, ContractError
+from .stats import TierStats
+
+if TYPE_CHECKING:
+    from .config import TierConfig
+
+__all__ = ["Evicted", "Tier"]
+
+log = logging.getLogger("kvtier.tier")
+
+Evicted = list[tuple[bytes, BytesLike]]
+T = TypeVar("T")
+
+_BACKOFF_FIRST = 0.5
+_BACKOFF_MAX = 30.0
+
+
+class _Health:
+    """Circuit breaker: after a fault the tier is skipped for a growing while."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.down_until = 0.0
+        self.backoff = 0.0
+        self.last_error = ""
+
+    def available(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+    def fault(self, error: str) -> float:
+        with self.lock:
+            self.backoff = min(_BACKOFF_MAX, self.backoff * 2 or _BACKOFF_FIRST)
+            self.down_until = time.monotonic() + self.backoff
+            self.last_error = error
+            return self.backoff
+
+    def ok(self) -> None:
+        if self.backoff:
+            with self.lock:
+                self.backoff = 0.0
+                self.down_until = 0.0
+
+
+class Tier:
+    """A backend instance wrapped for use in a chain."""
+
+    def __init__(self, config: TierConfig, handle: BackendHandle, namespace: Namespace) -> None:
+        self.config = config
+        self.name = config.name
+        self.handle = handle
+        self.namespace = namespace
+        self._ns = namespace.fingerprint
+        shuffle = config.shuffle
+        width = namespace.shuffle_width() if shuffle == "auto" else int(shuffle)
+        self.codec = Codec(config.codec, config.codec_level, width if width > 1 else 0)
+        self.verify = config.verify
+        self.stats = TierStats()
+        self.health = _Health()
+        self.capabilities = Capabilities()
+        self._closed = False
+
+    # lifecycle ----------------------------------------------------------------
+    def open(self) -> None:
+        self.handle.open(self.config.options, self.namespace.hex)
+        self.capabilities = self.handle.capabilities()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.handle.close()
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.available()
+
+    def _call(self, op: str, fn: Callable[[], T], n: int) -> T | None:
+        """Run a backend call; a fault marks the tier unhealthy and answers None."""
+        if self._closed:
+            raise ClosedError(f"tier {self.name!r} is closed")
+        if not self.health.available():
+            return None
+        try:
+            with self.stats.timed(op):
+                result = fn()
+            if not isinstance(result, Sequence) or len(result) != n:
+                raise ContractError(
+                    f"{op} returned {type(result).__name__} of length "
+                    f"{len(result) if isinstance(result, Sequence) else '?'} for {n} keys"
+                )
+        except ClosedError:
+            raise
+        except Exception as exc:
+            self.stats.add(errors=1)
+            backoff = self.health.fault(repr(exc))
+            log.warning(
+                "tier %r (%s) failed in %s: %r; treating it as a miss for %.1fs",
+                self.name,
+                self.config.backend,
+                op,
+                exc,
+                backoff,
+            )
+            return None
+        self.health.ok()
+        return result
+
+    # writes -------------------------------------------------------------------
+    def put_payloads(
+        self, keys: Sequence[bytes], payloads: Sequence[BytesLike]
+    ) -> tuple[list[bool], Evicted, list[bytes | None]]:
+        """Frame and store raw payloads.
+
+        Returns the per-key result, what capacity pushed out, and the framed
+        blobs when they were built as single ``bytes`` (so callers writing the
+        same block to more tiers can reuse them instead of framing again).
+        """
+        if not keys:
+            return [], [], []
+        evicted: Evicted = []
+        parts = [
+            blockformat.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
+        ]
+        blobs: list[bytes | None]
+        if self.handle.has_put_parts:
+            blobs = [None] * len(keys)
+            result = self._call(
+                "put", lambda: self.handle.put_parts(keys, parts, evicted), len(keys)
+            )
+        else:
+            joined = [b"".join(p) for p in parts]
+            blobs = list(joined)
+            result = self._call("put", lambda: self.handle.put(keys, joined, evicted), len(keys))
+        nbytes = sum(memoryview(p).nbytes for p in payloads)
+        return self._after_put(keys, result, evicted, nbytes), evicted, blobs
+
+    def put_blobs(
+        self, keys: Sequence[bytes], blobs: Sequence[BytesLike]
+    ) -> tuple[list[bool], Evicted]:
+        """Store already framed blocks (from another tier), re-encoding if the codec differs."""
+        if not keys:
+            return [], []
+        evicted: Evicted = []
+        ready: list[bytes] = []
+        kept: list[bytes] = []
+        for key, blob in zip(keys, blobs):
+            try:
+                ready.append(
+                    blockformat.recode(blob, self._ns, key, self.codec, verify=self.verify)
+                )
+                kept.append(key)
+            except CorruptBlockError:
+                self.stats.add(corrupt=1)
+        if not kept:
+            return [False] * len(keys), evicted
+        result = self._call("put", lambda: self.handle.put(kept, ready, evicted), len(kept))
+        flags = self._after_put(kept, result, evicted, sum(len(b) for b in ready))
+        by_key = dict(zip(kept, flags))
+        return [by_key.get(k, False) for k in keys], evicted
+
+    def _after_put(
+        self, keys: Sequence[bytes], result: Sequence[bool] | None, evicted: Evicted, nbytes: int
+    ) -> list[bool]:
+        if result is None:
+            return [False] * len(keys)
+        flags = [bool(r) for r in result]
+        stored = sum(flags)
+        self.stats.add(
+            puts=stored, refused=len(flags) - stored, bytes_in=nbytes, evictions=len(evicted)
+        )
+        return flags
+
+    # reads --------------------------------------------------------------------
+    def get_into(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
+        """Fill ``outs[i]`` with the payload of ``keys[i]``; False where missing or bad."""
+        n = len(keys)
+        if not n:
+            return []
+        found = [False] * n
+        fallback = list(range(n))
+        if self.handle.has_get_into and self.codec.name == "none":
+            fallback = self._get_into_direct(keys, outs, found)
+        if fallback:
+            sub_keys = [keys[i] for i in fallback]
+            blobs = self._call("get", lambda: self.handle.get(sub_keys), len(sub_keys))
+            if blobs is not None:
+                for i, blob in zip(fallback, blobs):
+                    if blob is None:
+                        continue
+                    try:
+                        blockformat.decode_into(
+                            blob, self._ns, keys[i], outs[i], verify=self.verify
+                        )
+                        found[i] = True
+                    except CorruptBlockError as exc:
+                        self._corrupt(keys[i], exc)
+        self._count_reads(found, outs)
+        return found
+
+    def _get_into_direct(
+        self, keys: Sequence[bytes], outs: Sequence[memoryview], found: list[bool]
+    ) -> list[int]:
+        """Scatter-read uncompressed blocks straight into ``outs``; return what needs get()."""
+        heads = [
+            bytearray(blockformat.header_size(self._ns, k, o.nbytes)) for k, o in zip(keys, outs)
+        ]
+        scatter = [[memoryview(h), o] for h, o in zip(heads, outs)]
+        sizes = self._call("get", lambda: self.handle.get_into(keys, scatter), len(keys))
+        if sizes is None:
+            return []
+        fallback: list[int] = []
+        for i, size in enumerate(sizes):
+            if size is None:
+                continue
+            if size != len(heads[i]) + outs[i].nbytes:
+                fallback.append(i)  # compressed or foreign: read it whole
+                continue
+            try:
+                header = blockformat.parse_header(heads[i], self._ns, keys[i])
+                blockformat.check_payload(header, outs[i], self.verify)
+                if header.size != len(heads[i]) or header.codec != blockformat.CODEC_NONE:
+                    raise CorruptBlockError("header layout differs from an uncompressed block")
+                found[i] = True
+            except CorruptBlockError as exc:
+                self._corrupt(keys[i], exc)
+        return fallback
+
+    def get_blobs(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
+        """Framed blocks as stored, header checked (for moving between tiers)."""
+        if not keys:
+            return []
+        blobs = self._call("get", lambda: self.handle.get(keys), len(keys))
+        if blobs is None:
+            return [None] * len(keys)
+        out: list[BytesLike | None] = []
+        for key, blob in zip(keys, blobs):
+            if blob is not None:
+                try:
+                    header = blockformat.parse_header(blob, self._ns, key)
+                    blockformat.check_payload(
+                        header, memoryview(blob).cast("B")[header.size :], self.verify
+                    )
+                except CorruptBlockError as exc:
+                    self._corrupt(key, exc)
+                    blob = None
+            out.append(blob)
+        return out
+
+    def _corrupt(self, key: bytes, exc: Exception) -> None:
+        self.stats.add(corrupt=1)
+        log.warning("tier %r: block %s rejected: %s", self.name, key.hex()[:16], exc)
+
+    def _count_reads(self, found: list[bool], outs: Sequence[memoryview]) -> None:
+        hits = sum(found)
+        served = sum(o.nbytes for o, f in zip(outs, found) if f)
+        self.stats.add(hits=hits, misses=len(found) - hits, bytes_out=served)
+
+    # index --------------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        if not keys:
+            return []
+        result = self._call("lookup", lambda: self.handle.lookup(keys), len(keys))
+        return [False] * len(keys) if result is None else [bool(r) for r in result]
+
+    def evict(self, keys: Sequence[bytes]) -> list[bool]:
+        if not keys:
+            return []
+        result = self._call("evict", lambda: self.handle.evict(keys), len(keys))
+        return [False] * len(keys) if result is None else [bool(r) for r in result]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters, latency, health and the backend's own figures."""
+        out = self.stats.snapshot()
+        out["name"] = self.name
+        out["backend"] = self.config.backend
+        out["healthy"] = self.healthy
+        if self.health.last_error:
+            out["last_error"] = self.health.last_error
+        try:
+            out["backend_stats"] = dict(self.handle.stats()) if not self._closed else {}
+        except Exception as exc:  # stats must never take a caller down
+            out["backend_stats"] = {"error": repr(exc)}
+        return out
