@@ -1,0 +1,492 @@
+"""The ``host`` backend: a RAM tier with a byte capacity and LRU or ARC eviction.
+
+Blocks live in process memory as immutable ``bytes``: ``put`` copies once (not
+at all when handed ``bytes``), ``get`` returns the stored object itself and
+``get_into`` copies straight into the caller's buffers.  Capacity counts block
+bytes and is enforced before an insert, under the one lock, so nobody (stats
+included) ever sees it exceeded.  ``get``, ``get_into`` and a ``put`` of a key
+already stored are uses; ``lookup`` is not (the chain probes tiers with it).
+
+``lru`` drops the least recently used block.  ``arc`` is the Adaptive
+Replacement Cache of Megiddo and Modha (FAST 2003).  KV prefix blocks defeat
+LRU: a few blocks (system prompts, shared prefixes) are reused constantly while
+long one-off contexts stream through once, and a scan larger than the tier
+flushes the reused blocks.  ARC keeps blocks seen once (T1) apart from blocks
+seen at least twice (T2); a scan only churns T1, so the hot prefixes in T2
+survive it, and ARC still adapts when the recency side deserves more room.
+
+The paper counts equal-sized pages; blocks vary, so everything here is bytes:
+
+* T1 + T2 hold the blocks; their byte sum is ``used_bytes`` <= ``capacity``.
+* Ghost lists B1 and B2 keep key and size (no data) of blocks evicted from T1
+  and T2, trimmed so ``T1 + B1 <= capacity`` and ``B1 + B2 <= capacity``: the
+  byte form of ``|L1| <= c`` and ``|L1| + |L2| <= 2c``.  A ghost weighs at
+  least one byte so empty blocks cannot grow the ghost lists without bound.
+* ``p`` (``arc_p`` in stats) is T1's target size in bytes, in [0, capacity].
+  A ``put`` of a key found in B1 means T1 was too small: ``p`` grows by the
+  ghost's size times ``max(1, B2/B1)``, the paper's ``max(1, |B2|/|B1|)``
+  pages scaled by the size of the block that would have hit.  A B2 ghost hit
+  shrinks ``p`` the same way.  Either way the key re-enters at T2.
+* REPLACE evicts T1's oldest while T1 holds more than ``p`` bytes (or exactly
+  ``p`` on a B2 ghost hit), else T2's oldest, repeated until the new block
+  fits: one large block may displace several small ones.
+
+With equal block sizes this makes exactly the paper's decisions (the tests
+check it against a transcription of the paper's four cases).
+
+An explicit ``kvtier_evict`` leaves no ghost: the caller asked for it, so it
+says nothing about the cache being too small.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+from kvtier.spec import (
+    BytesLike,
+    Capabilities,
+    ClosedError,
+    ConfigError,
+    KvtierError,
+    Option,
+    hookimpl,
+)
+from kvtier.units import parse_size
+
+__all__ = ["EVICTION_POLICIES", "HostBackend"]
+
+EVICTION_POLICIES = ("lru", "arc")
+
+_OPTIONS: Mapping[str, Option] = {
+    "capacity": Option("size", "Bytes of block data held in RAM (sum of block sizes), e.g. 8GiB.",
+                       required=True),
+    "eviction": Option("str", "Which block to drop when full: lru, or arc (resists one-off scans).",
+                       default="lru", choices=EVICTION_POLICIES),
+    "max_block_size": Option("size", "Refuse larger blocks (default: only the capacity limits).",
+                             default=None),
+}
+
+Evicted = MutableSequence[tuple[bytes, BytesLike]]
+_B = TypeVar("_B")
+
+
+class _Accounting:
+    """Byte accounting shared by the policies.
+
+    Callers hold the backend's lock, and only admit a key that is not resident
+    with ``len(data) <= capacity``.  ``peek`` is not a use, ``access`` is;
+    ``rewrite`` swaps a block's bytes keeping its place; ``shed`` evicts until
+    the capacity holds again after a rewrite grew a block.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.evictions = 0
+
+    def extra_stats(self) -> dict[str, int]:
+        return {}
+
+
+class _Lru(_Accounting):
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._blocks: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def peek(self, key: bytes) -> bytes | None:
+        return self._blocks.get(key)
+
+    def access(self, key: bytes) -> bytes | None:
+        data = self._blocks.get(key)
+        if data is not None:
+            self._blocks.move_to_end(key)
+        return data
+
+    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
+        self._evict_until(self.capacity - len(data), evicted)
+        self._blocks[key] = data
+        self.used += len(data)
+
+    def remove(self, key: bytes) -> bytes | None:
+        data = self._blocks.pop(key, None)
+        if data is not None:
+            self.used -= len(data)
+        return data
+
+    def rewrite(self, key: bytes, data: bytes) -> None:
+        self.used += len(data) - len(self._blocks[key])
+        self._blocks[key] = data
+
+    def shed(self, evicted: Evicted) -> None:
+        self._evict_until(self.capacity, evicted)
+
+    def _evict_until(self, budget: int, evicted: Evicted) -> None:
+        while self.used > budget:
+            key, data = self._blocks.popitem(last=False)
+            self.used -= len(data)
+            self.evictions += 1
+            evicted.append((key, data))
+
+
+class _Ghosts:
+    """Keys and byte weights of blocks evicted from one ARC list, oldest first."""
+
+    __slots__ = ("bytes", "keys")
+
+    def __init__(self) -> None:
+        self.keys: OrderedDict[bytes, int] = OrderedDict()
+        self.bytes = 0
+
+    def add(self, key: bytes, size: int) -> None:
+        weight = max(size, 1)
+        self.keys[key] = weight
+        self.bytes += weight
+
+    def discard(self, key: bytes) -> None:
+        self.bytes -= self.keys.pop(key, 0)
+
+    def drop_oldest(self) -> None:
+        self.bytes -= self.keys.popitem(last=False)[1]
+
+
+class _Arc(_Accounting):
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._t1: OrderedDict[bytes, bytes] = OrderedDict()
+        self._t2: OrderedDict[bytes, bytes] = OrderedDict()
+        self._t1_bytes = 0  # T2's bytes are used - _t1_bytes
+        self._b1 = _Ghosts()
+        self._b2 = _Ghosts()
+        self.p = 0
+
+    def __len__(self) -> int:
+        return len(self._t1) + len(self._t2)
+
+    def peek(self, key: bytes) -> bytes | None:
+        data = self._t1.get(key)
+        return data if data is not None else self._t2.get(key)
+
+    def access(self, key: bytes) -> bytes | None:
+        data = self._t1.pop(key, None)
+        if data is not None:
+            self._t1_bytes -= len(data)
+            self._t2[key] = data
+            return data
+        data = self._t2.get(key)
+        if data is not None:
+            self._t2.move_to_end(key)
+        return data
+
+    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
+        b1, b2 = self._b1, self._b2
+        hit_b2 = False
+        weight = b1.keys.get(key)
+        if weight is not None:
+            # b1.bytes >= weight >= 1 here, so the divisions are safe
+            step = weight if b1.bytes >= b2.bytes else weight * b2.bytes // b1.bytes
+            self.p = min(self.capacity, self.p + step)
+            b1.discard(key)
+        else:
+            weight = b2.keys.get(key)
+            if weight is not None:
+                step = weight if b2.bytes >= b1.bytes else weight * b1.bytes // b2.bytes
+                self.p = max(0, self.p - step)
+                b2.discard(key)
+                hit_b2 = True
+        while self.used + len(data) > self.capacity:
+            self._replace(hit_b2, evicted)
+        if weight is None:
+            self._t1[key] = data
+            self._t1_bytes += len(data)
+        else:
+            self._t2[key] = data
+        self.used += len(data)
+        self._trim_ghosts()
+
+    def remove(self, key: bytes) -> bytes | None:
+        data = self._t1.pop(key, None)
+        if data is not None:
+            self._t1_bytes -= len(data)
+        else:
+            data = self._t2.pop(key, None)
+        if data is not None:
+            self.used -= len(data)
+        return data
+
+    def rewrite(self, key: bytes, data: bytes) -> None:
+        old = self._t1.get(key)
+        if old is not None:
+            self._t1[key] = data
+            self._t1_bytes += len(data) - len(old)
+        else:
+            old = self._t2[key]
+            self._t2[key] = data
+        self.used += len(data) - len(old)
+
+    def shed(self, evicted: Evicted) -> None:
+        while self.used > self.capacity:
+            self._replace(False, evicted)
+        self._trim_ghosts()
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"arc_p": self.p}
+
+    def _replace(self, hit_b2: bool, evicted: Evicted) -> None:
+        t1_bytes = self._t1_bytes
+        from_t1 = bool(self._t1) and (
+            not self._t2 or t1_bytes > self.p or (hit_b2 and t1_bytes >= self.p)
+        )
+        if from_t1:
+            key, data = self._t1.popitem(last=False)
+            self._t1_bytes -= len(data)
+            self._b1.add(key, len(data))
+        else:
+            key, data = self._t2.popitem(last=False)
+            self._b2.add(key, len(data))
+        self.used -= len(data)
+        self.evictions += 1
+        evicted.append((key, data))
+
+    def _trim_ghosts(self) -> None:
+        b1, b2 = self._b1, self._b2
+        while b1.keys and self._t1_bytes + b1.bytes > self.capacity:
+            b1.drop_oldest()
+        while b1.bytes + b2.bytes > self.capacity:
+            # the paper drops B2's oldest first when the directory is full
+            (b2 if b2.keys else b1).drop_oldest()
+
+
+_Policy: TypeAlias = "_Lru | _Arc"
+_POLICIES: Mapping[str, Callable[[int], _Policy]] = {"lru": _Lru, "arc": _Arc}
+
+
+def _nbytes(block: BytesLike) -> int:
+    # len() of a memoryview counts items, not bytes
+    return block.nbytes if isinstance(block, memoryview) else len(block)
+
+
+def _own(block: BytesLike) -> bytes:
+    # bytes is immutable, so holding the caller's object is as good as a copy
+    return block if type(block) is bytes else bytes(block)
+
+
+def _scatter(data: bytes, buffers: Sequence[memoryview]) -> None:
+    offset = 0
+    with memoryview(data) as src:
+        for dst in buffers:
+            if dst.format != "B" or dst.ndim != 1:
+                dst = dst.cast("B")
+            end = offset + dst.nbytes
+            dst[:] = src[offset:end]
+            offset = end
+
+
+def _size_option(options: Mapping[str, Any], key: str, *, required: bool) -> int | None:
+    value = options.get(key)
+    if value is None:
+        if required:
+            raise ConfigError("is required: a size such as 8GiB", key=key)
+        return None
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key=key) from None
+    if size <= 0:
+        raise ConfigError(f"must be a positive size, got {value!r}", key=key)
+    return size
+
+
+def _check_batch(keys: Sequence[bytes], other: Sequence[object]) -> None:
+    if len(keys) != len(other):
+        raise ValueError(f"batch of {len(keys)} keys but {len(other)} blocks or buffers")
+
+
+class HostBackend:
+    """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._policy: _Policy | None = None
+        self._closed = False
+        self._eviction = "lru"
+        self._max_block_size: int | None = None
+        self._limit = 0  # largest block admitted: min(capacity, max_block_size)
+
+    # lifecycle -------------------------------------------------------------
+    @hookimpl
+    def kvtier_options(self) -> dict[str, Option]:
+        return dict(_OPTIONS)  # pure introspection: fine before open and after close
+
+    @hookimpl
+    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+        # One instance serves one tier and one namespace, so RAM needs no
+        # layout by namespace; it is accepted for the contract only.
+        del namespace
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            known = ", ".join(_OPTIONS)
+            raise ConfigError(f"is not an option of the host backend ({known})", key=unknown[0])
+        capacity = _size_option(options, "capacity", required=True)
+        assert capacity is not None
+        max_block_size = _size_option(options, "max_block_size", required=False)
+        eviction = options.get("eviction")
+        if eviction is None:
+            eviction = "lru"
+        if eviction not in _POLICIES:
+            raise ConfigError(
+                f"must be one of {', '.join(EVICTION_POLICIES)}, got {eviction!r}", key="eviction"
+            )
+        with self._lock:
+            if self._closed:
+                raise ClosedError("host backend is closed")
+            if self._policy is not None:
+                raise KvtierError("host backend is already open")
+            self._policy = _POLICIES[eviction](capacity)
+            self._eviction = eviction
+            self._max_block_size = max_block_size
+            self._limit = capacity if max_block_size is None else min(capacity, max_block_size)
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        with self._lock:
+            # before open this describes the backend in general (for `kvtier backends`)
+            policy = self._policy
+            if policy is None and self._closed:
+                raise ClosedError("host backend is closed")
+            return Capabilities(
+                persistent=False,
+                shared=False,
+                thread_safe=True,
+                max_block_size=None if self._max_block_size is None else self._limit,
+                capacity=None if policy is None else policy.capacity,
+                reports_evictions=True,
+                extra={"eviction": self._eviction},
+            )
+
+    @hookimpl
+    def kvtier_stats(self) -> dict[str, int]:
+        with self._lock:
+            policy = self._live()
+            return {
+                "used_bytes": policy.used,
+                "blocks": len(policy),
+                "capacity_bytes": policy.capacity,
+                "evictions": policy.evictions,
+                **policy.extra_stats(),
+            }
+
+    @hookimpl
+    def kvtier_close(self) -> None:
+        with self._lock:
+            self._policy = None
+            self._closed = True
+
+    # data path -------------------------------------------------------------
+    @hookimpl
+    def kvtier_put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> list[bool]:
+        _check_batch(keys, blocks)
+        return self._put(keys, blocks, _nbytes, _own, evicted)
+
+    @hookimpl
+    def kvtier_put_parts(
+        self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
+    ) -> list[bool]:
+        _check_batch(keys, parts)
+        return self._put(keys, parts, _parts_nbytes, b"".join, evicted)
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        with self._lock:
+            access = self._live().access
+            return [access(key) for key in keys]
+
+    @hookimpl
+    def kvtier_get_into(
+        self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
+    ) -> list[int | None]:
+        _check_batch(keys, buffers)
+        with self._lock:
+            access = self._live().access
+            found = [access(key) for key in keys]
+        # Stored bytes are never mutated, so copying outside the lock is safe
+        # even if another thread evicts them meanwhile.
+        sizes: list[int | None] = []
+        for data, bufs in zip(found, buffers, strict=True):
+            if data is None:
+                sizes.append(None)
+                continue
+            if len(data) == sum(buf.nbytes for buf in bufs):
+                _scatter(data, bufs)
+            sizes.append(len(data))
+        return sizes
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._lock:
+            peek = self._live().peek
+            return [peek(key) is not None for key in keys]
+
+    @hookimpl
+    def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._lock:
+            remove = self._live().remove
+            return [remove(key) is not None for key in keys]
+
+    @hookimpl
+    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        with self._lock:
+            policy = self._live()
+            old = policy.peek(key)
+            if old is None:
+                return False
+            # Recency is left alone, but the byte count follows the new length
+            # so the capacity still holds; a grown block may push others out,
+            # and they are dropped unreported as there is no caller to take them.
+            policy.rewrite(key, bytes(transform(old)))
+            policy.shed([])
+            return True
+
+    # internals -------------------------------------------------------------
+    def _live(self) -> _Policy:
+        """The open policy; the caller holds the lock."""
+        policy = self._policy
+        if policy is None:
+            state = "closed" if self._closed else "not open"
+            raise ClosedError(f"host backend is {state}")
+        return policy
+
+    def _put(
+        self,
+        keys: Sequence[bytes],
+        blocks: Sequence[_B],
+        size_of: Callable[[_B], int],
+        to_bytes: Callable[[_B], bytes],
+        evicted: Evicted,
+    ) -> list[bool]:
+        stored: list[bool] = []
+        with self._lock:
+            policy = self._live()
+            limit = self._limit
+            for key, block in zip(keys, blocks, strict=True):
+                if policy.access(key) is not None:
+                    stored.append(True)  # immutable per key: keep what is there
+                elif size_of(block) > limit:
+                    stored.append(False)
+                else:
+                    # Copied under the lock so a key already stored costs no copy;
+                    # the GIL would serialise the memcpy anyway.
+                    policy.admit(key, to_bytes(block), evicted)
+                    stored.append(True)
+        return stored
+
+
+def _parts_nbytes(parts: Sequence[BytesLike]) -> int:
+    return sum(_nbytes(part) for part in parts)
