@@ -284,6 +284,89 @@ class Chain:
             remaining = [i for i, flag in zip(remaining, flags) if not flag]
         return found
 
+    def get_bytes(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Blocks as new ``bytes`` objects, for callers that do not know their sizes.
+
+        Costs one copy more than :meth:`get`; hits below the first tier are
+        promoted the same way.
+        """
+        self._check_open()
+        keys = _check_keys(keys)
+        found: list[bytes | None] = [None] * len(keys)
+        remaining = list(range(len(keys)))
+        for index, tier in enumerate(self.tiers):
+            if not remaining:
+                break
+            payloads = tier.get_payloads([keys[i] for i in remaining])
+            hits = [(i, p) for i, p in zip(remaining, payloads) if p is not None]
+            for i, payload in hits:
+                found[i] = payload
+            if hits and index:
+                self._promote(index, [keys[i] for i, _ in hits], [memoryview(p) for _, p in hits])
+            remaining = [i for i, p in zip(remaining, payloads) if p is None]
+        return found
+
+    def get_blobs(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
+        """Framed blocks exactly as stored (header checked), for serving them on.
+
+        Used by ``kvtier serve``: the receiving side checks them again.
+        """
+        self._check_open()
+        keys = _check_keys(keys)
+        found: list[BytesLike | None] = [None] * len(keys)
+        remaining = list(range(len(keys)))
+        for index, tier in enumerate(self.tiers):
+            if not remaining:
+                break
+            blobs = tier.get_blobs([keys[i] for i in remaining])
+            hits = [(i, b) for i, b in zip(remaining, blobs) if b is not None]
+            for i, blob in hits:
+                found[i] = blob
+            tier.stats.add(hits=len(hits), misses=len(remaining) - len(hits))
+            if hits and index:
+                for upper in range(index):
+                    if self.tiers[upper].config.promote and self.tiers[upper].healthy:
+                        self._submit_write(
+                            upper,
+                            [keys[i] for i, _ in hits],
+                            [bytes(b) for _, b in hits],
+                            "promote",
+                        )
+            remaining = [i for i, b in zip(remaining, blobs) if b is None]
+        return found
+
+    def put_blobs(self, keys: Sequence[bytes], blobs: Sequence[BytesLike]) -> list[bool]:
+        """Store framed blocks (made by another chain of the same namespace).
+
+        Each blob's header must match this chain's namespace and the key, or
+        it is refused (False).  Tiers below follow their write policies.
+        """
+        self._check_open()
+        keys = _check_keys(keys)
+        if len(blobs) != len(keys):
+            raise ValueError(f"got {len(blobs)} blocks for {len(keys)} keys")
+        result = [False] * len(keys)
+        remaining = list(range(len(keys)))
+        for index, tier in enumerate(self.tiers):
+            if not remaining:
+                break
+            flags, evicted = tier.put_blobs(
+                [keys[i] for i in remaining], [blobs[i] for i in remaining]
+            )
+            self._handle_evicted(index, evicted)
+            stored = [i for i, flag in zip(remaining, flags) if flag]
+            for i in stored:
+                result[i] = True
+            if stored and self._writes_through(index):
+                self._submit_write(
+                    index + 1,
+                    [keys[i] for i in stored],
+                    [bytes(blobs[i]) for i in stored],
+                    "through",
+                )
+            remaining = [i for i, flag in zip(remaining, flags) if not flag]
+        return result
+
     def _promote(self, source: int, keys: list[bytes], payloads: list[memoryview]) -> None:
         for index in range(source):
             tier = self.tiers[index]

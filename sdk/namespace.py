@@ -47,6 +47,25 @@ class Namespace:
     kv_layout: str = ""
     parallel_layout: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
+    #: Set only by :meth:`from_hex`, for servers that know a namespace by its fingerprint.
+    known_fingerprint: bytes | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_hex(cls, fingerprint: str) -> Namespace:
+        """A namespace known only by its 32-hex-digit fingerprint (a server's view).
+
+        Its :attr:`fingerprint` is the given one; its dtype is unknown, so
+        ``shuffle: auto`` does not shuffle.
+        """
+        try:
+            digest = bytes.fromhex(fingerprint)
+        except ValueError:
+            digest = b""
+        if len(digest) != 16 or digest.hex() != fingerprint:
+            raise ValueError(
+                f"a namespace fingerprint is 32 lowercase hex digits, got {fingerprint!r}"
+            )
+        return cls(model=f"<{fingerprint}>", known_fingerprint=digest)
 
     @classmethod
     def of(cls, value: Namespace | str | Mapping[str, Any]) -> Namespace:
@@ -86,6 +105,8 @@ class Namespace:
     @property
     def fingerprint(self) -> bytes:
         """16 bytes identifying the namespace (BLAKE2b over its canonical form)."""
+        if self.known_fingerprint is not None:
+            return self.known_fingerprint
         return hashlib.blake2b(self._canonical(), digest_size=16).digest()
 
     @property

@@ -150,8 +150,8 @@ class Tier:
             joined = [b"".join(p) for p in parts]
             blobs = list(joined)
             result = self._call("put", lambda: self.handle.put(keys, joined, evicted), len(keys))
-        nbytes = sum(memoryview(p).nbytes for p in payloads)
-        return self._after_put(keys, result, evicted, nbytes), evicted, blobs
+        sizes = [memoryview(p).nbytes for p in payloads]
+        return self._after_put(keys, result, evicted, sizes), evicted, blobs
 
     def put_blobs(
         self, keys: Sequence[bytes], blobs: Sequence[BytesLike]
@@ -173,19 +173,26 @@ class Tier:
         if not kept:
             return [False] * len(keys), evicted
         result = self._call("put", lambda: self.handle.put(kept, ready, evicted), len(kept))
-        flags = self._after_put(kept, result, evicted, sum(len(b) for b in ready))
+        flags = self._after_put(kept, result, evicted, [len(b) for b in ready])
         by_key = dict(zip(kept, flags))
         return [by_key.get(k, False) for k in keys], evicted
 
     def _after_put(
-        self, keys: Sequence[bytes], result: Sequence[bool] | None, evicted: Evicted, nbytes: int
+        self,
+        keys: Sequence[bytes],
+        result: Sequence[bool] | None,
+        evicted: Evicted,
+        sizes: Sequence[int],
     ) -> list[bool]:
         if result is None:
             return [False] * len(keys)
         flags = [bool(r) for r in result]
         stored = sum(flags)
         self.stats.add(
-            puts=stored, refused=len(flags) - stored, bytes_in=nbytes, evictions=len(evicted)
+            puts=stored,
+            refused=len(flags) - stored,
+            bytes_in=sum(size for size, flag in zip(sizes, flags) if flag),
+            evictions=len(evicted),
         )
         return flags
 
@@ -243,6 +250,23 @@ class Tier:
             except CorruptBlockError as exc:
                 self._corrupt(keys[i], exc)
         return fallback
+
+    def get_payloads(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Payloads of unknown size, decoded into new ``bytes`` (one extra copy)."""
+        out: list[bytes | None] = []
+        for key, blob in zip(keys, self.get_blobs(keys)):
+            payload = None
+            if blob is not None:
+                try:
+                    raw_len = blockformat.parse_header(blob, self._ns, key).raw_len
+                    buffer = bytearray(raw_len)
+                    blockformat.decode_into(blob, self._ns, key, memoryview(buffer), verify=False)
+                    payload = bytes(buffer)
+                except CorruptBlockError as exc:
+                    self._corrupt(key, exc)
+            out.append(payload)
+        self._count_reads([p is not None for p in out], [memoryview(p or b"") for p in out])
+        return out
 
     def get_blobs(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
         """Framed blocks as stored, header checked (for moving between tiers)."""

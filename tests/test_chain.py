@@ -76,6 +76,16 @@ def test_write_back_demotes_everything_evicted(tmp_path: Path) -> None:
         assert chain.stats()["tiers"][0]["backend_stats"]["used_bytes"] <= 4 * BLOCK + 1000
 
 
+def test_get_bytes_needs_no_sizes_and_promotes(tmp_path: Path) -> None:
+    with open_chain(host_fs(tmp_path, ram=1 << 20, write="through"), namespace=NS) as chain:
+        chain.put([key(1), key(2)], [block(1, 100), block(2, 7)])
+        chain.flush()
+        chain.tiers[0].evict([key(2)])
+        assert chain.get_bytes([key(1), key(2), key(3)]) == [block(1, 100), block(2, 7), None]
+        chain.flush()
+        assert chain.lookup([key(2)]) == [0]
+
+
 def test_write_through_copies_to_disk_at_once(tmp_path: Path) -> None:
     with open_chain(host_fs(tmp_path, ram=1 << 20, write="through"), namespace=NS) as chain:
         chain.put([key(i) for i in range(8)], [block(i) for i in range(8)])
@@ -319,3 +329,30 @@ def test_chain_stats_have_the_documented_fields(tmp_path: Path) -> None:
         assert ram["latency"]["get"]["count"] >= 1 and ram["healthy"]
         disk = stats["tiers"][1]
         assert disk["misses"] == 1
+
+
+def test_blobs_move_between_chains_of_one_namespace(tmp_path: Path) -> None:
+    """What `kvtier serve` does: framed blocks pass through a chain that knows only the hex."""
+    source_cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}]}
+    server_cfg = host_fs(tmp_path, ram=2 * BLOCK + 500, codec="zstd")
+    with open_chain(source_cfg, namespace=NS) as source:
+        source.put([key(i) for i in range(5)], [block(i) for i in range(5)])
+        blobs = source.tiers[0].get_blobs([key(i) for i in range(5)])
+    server_ns = Namespace.from_hex(NS.hex)
+    assert server_ns.fingerprint == NS.fingerprint
+    with open_chain(server_cfg, namespace=server_ns) as server:
+        assert server.put_blobs([key(i) for i in range(5)], blobs) == [True] * 5  # type: ignore[arg-type]
+        assert server.put_blobs([key(9)], [blobs[0]]) == [False]  # header names another key
+        server.flush()
+        served = server.get_blobs([key(i) for i in range(6)])
+        assert served[5] is None
+    with open_chain(source_cfg, namespace=NS) as reader:
+        for i, blob in enumerate(served[:5]):
+            assert blob is not None
+            reader.tiers[0].put_blobs([key(i)], [blob])
+        assert read(reader, [key(i) for i in range(5)]) == [block(i) for i in range(5)]
+    other = Namespace("another-model")
+    with open_chain(source_cfg, namespace=other) as chain:
+        assert chain.put_blobs([key(0)], [blobs[0]]) == [False]  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="32 lowercase hex"):
+        Namespace.from_hex("zz")

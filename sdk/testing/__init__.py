@@ -1,0 +1,1 @@
+"""The conformance kit: certify a kvtier backend against the contract."""
