@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from . import blockformat
 from .config import ChainConfig, load_config
+from .metrics import MetricsReporter
 from .namespace import Namespace
 from .registry import BackendRegistry, default_registry
 from .spec import MAX_KEY_SIZE, BytesLike, ClosedError
@@ -144,6 +145,13 @@ class Chain:
         self._lock = threading.Lock()
         self._closing = False  # no new jobs; running ones finish
         self._closed = False
+        self._reporter: MetricsReporter | None = None
+        if config.metrics.prometheus_port is not None or config.metrics.log_interval:
+            try:
+                self._reporter = MetricsReporter(self, config.metrics)
+            except BaseException:
+                self._shutdown()
+                raise
 
     # context manager ------------------------------------------------------------
     def __enter__(self) -> Chain:
@@ -476,6 +484,11 @@ class Chain:
             if self._closing:
                 return
             self._closing = True
+        if self._reporter is not None:
+            self._reporter.stop(self)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
         self._jobs.shutdown(wait=True)
         self.flush()
         self._closed = True
