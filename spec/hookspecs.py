@@ -22,7 +22,8 @@ Conventions that hold for every data hook:
   be skipped, and the answer is still ``True``.
 * **Thread safety**: if :attr:`Capabilities.thread_safe` is true, any hook may
   be called from several threads at once; otherwise kvtier serialises calls.
-* After ``kvtier_close`` every hook except ``kvtier_close`` raises
+* After ``kvtier_close`` every hook except ``kvtier_close`` and
+  ``kvtier_options`` (pure introspection) raises
   :class:`~kvtier.spec.ClosedError`.
 
 Two data hooks are optional fast paths, for backends that can avoid a copy:

@@ -1,0 +1,609 @@
+"""On-disk layout and raw I/O of the ``fs`` backend.
+
+Two stores share one layout, ``<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.kvb``:
+
+* :class:`LocalStore` speaks plain ``os`` calls (``writev``, ``preadv``, one
+  ``read`` per block) because fsspec's file objects cost a copy and several
+  Python frames per block, and this path must keep up with plain file I/O.
+* :class:`RemoteStore` speaks fsspec and publishes a block with one
+  ``pipe_file``, which object stores (and ``memory://``) make atomic.
+
+Neither keeps any state about blocks: the index, capacity and locking live in
+:mod:`kvtier.backends.fs`.  A missing file is reported as ``None``/``False``,
+every other failure is left to raise (``OSError`` or whatever fsspec raises).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kvtier.spec import ConfigError
+
+__all__ = [
+    "STALE_TMP_SECONDS",
+    "TMP_PREFIX",
+    "Entry",
+    "LocalStore",
+    "RemoteStore",
+    "Store",
+    "fan_out",
+    "key_of_name",
+    "open_store",
+    "run_batch",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+#: Runs ``fn`` over ``items`` (possibly in parallel), results in order.
+Mapper = Callable[[Callable[[T], R], Sequence[T]], list[R]]
+
+SUFFIX = ".kvb"
+TMP_PREFIX = ".tmp-"
+#: A temp file this old belongs to a writer that died; younger ones may still
+#: be in flight in another process and are left alone.
+STALE_TMP_SECONDS = 600.0
+
+# A key is 1..64 bytes, so its name is 2..128 lowercase hex digits, even length.
+_NAME_RE = re.compile(r"^((?:[0-9a-f]{2}){1,64})\.kvb$")
+_FAN_RE = re.compile(r"^[0-9a-f]{2}$")
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def fan_out(hexkey: str) -> tuple[str, str]:
+    """The two directory levels of a key's file.
+
+    A one-byte key has only two hex digits; its second level is padded with
+    ``0``.  The file name carries the whole hex, so padding never collides.
+    """
+    return hexkey[0:2], (hexkey[2:4] or "00")
+
+
+def key_of_name(d1: str, d2: str, name: str) -> bytes | None:
+    """The key stored in ``<d1>/<d2>/<name>``, or None if that is not a block we wrote."""
+    match = _NAME_RE.match(name)
+    if match is None:
+        return None
+    hexkey = match.group(1)
+    # A well-named file in the wrong directory would never be found by get():
+    # it is not ours, so it is not counted either.
+    if fan_out(hexkey) != (d1, d2):
+        return None
+    return bytes.fromhex(hexkey)
+
+
+# Temp names: pid for humans, a random token drawn once per process (pids
+# repeat across containers sharing a directory) and a counter, so that
+# concurrent writers of one key never collide; O_EXCL is the final guard.
+# Drawing randomness per file would cost a getrandom() syscall per block.
+_TOKEN = secrets.token_hex(4)
+_COUNTER = itertools.count()
+
+
+def _tmp_name() -> str:
+    return f"{TMP_PREFIX}{os.getpid()}-{_TOKEN}{next(_COUNTER):x}"
+
+
+def _byte_views(parts: Sequence[Any]) -> list[Any]:
+    """The non-empty buffers of a gather/scatter list, each sized in bytes.
+
+    bytes and bytearray pass through as they are; anything else becomes a
+    memoryview cast to unsigned bytes, so that len() counts bytes even for,
+    say, a float16 array's view.
+    """
+    out = []
+    for p in parts:
+        if type(p) is not bytes and type(p) is not bytearray:
+            p = memoryview(p).cast("B")
+        if len(p):
+            out.append(p)
+    return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A block found while scanning the tree."""
+
+    key: bytes
+    size: int
+    mtime: float
+
+
+def open_store(url: str, storage_options: dict[str, Any], namespace: str, shown: str) -> Store:
+    """The store for ``url``; ``shown`` is the URL as messages may print it."""
+    import fsspec.core
+    from fsspec.implementations.local import LocalFileSystem
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{shown}: this protocol needs a package that is not installed ({exc})", key="url"
+        ) from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"{shown}: unsupported URL or storage_options ({exc}); other protocols "
+            "need their fsspec package (s3fs, gcsfs, adlfs, ...)",
+            key="url",
+        ) from None
+    nsroot = f"{root.rstrip('/')}/{namespace}"
+    if not isinstance(fs, LocalFileSystem):
+        return RemoteStore(fs, nsroot)
+    if not (url.split("://", 1)[1] if "://" in url else url).startswith("/"):
+        # a cache that moves with the working directory is a bug waiting to happen
+        raise ConfigError(f"{shown}: a local path must be absolute", key="url")
+    return LocalStore(nsroot)
+
+
+class Store:
+    """The raw operations the backend needs; paths come from :meth:`path`."""
+
+    local = False
+    memory = False
+
+    def __init__(self, nsroot: str) -> None:
+        self.nsroot = nsroot
+
+    def path(self, key: bytes) -> str:
+        hexkey = key.hex()
+        d1, d2 = fan_out(hexkey)
+        return f"{self.nsroot}/{d1}/{d2}/{hexkey}{SUFFIX}"
+
+    def create_root(self) -> None:
+        raise NotImplementedError
+
+    def probe(self) -> None:
+        """Write and remove a scratch file: raises if the root is not writable."""
+        raise NotImplementedError
+
+    def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
+        """Publish ``parts`` atomically under ``key``; answer the stored size.
+
+        A block already on disk is not rewritten (blocks are immutable).
+        """
+        raise NotImplementedError
+
+    def read(self, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def read_into(self, key: bytes, buffers: Sequence[memoryview]) -> int | None:
+        raise NotImplementedError
+
+    def size(self, key: bytes) -> int | None:
+        raise NotImplementedError
+
+    def remove(self, key: bytes) -> bool:
+        raise NotImplementedError
+
+    def take(self, key: bytes) -> bytes | None:
+        """Read a block, then remove it (eviction reports the bytes)."""
+        data = self.read(key)
+        if data is not None:
+            self.remove(key)
+        return data
+
+    def rewrite(self, key: bytes, data: bytes) -> bool:
+        """Overwrite a stored block in place, for ``kvtier_tamper``."""
+        raise NotImplementedError
+
+    def scan(self, mapper: Mapper[Any, Any]) -> tuple[list[Entry], int]:
+        """Every block under the namespace, and how many stale temp files were removed."""
+        raise NotImplementedError
+
+
+class LocalStore(Store):
+    local = True
+
+    def create_root(self) -> None:
+        os.makedirs(self.nsroot, exist_ok=True)
+
+    def probe(self) -> None:
+        # os.access() lies for root and on read-only mounts: really try.
+        tmp = os.path.join(self.nsroot, _tmp_name())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o666)
+        os.close(fd)
+        os.unlink(tmp)
+
+    def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
+        # No existence check first: it would cost a syscall per block, and the
+        # backend's index already skips keys it knows.  A block another
+        # process wrote meanwhile is replaced by the same bytes, atomically.
+        final = self.path(key)
+        dirpath = final[: final.rindex("/")]
+        tmp = f"{dirpath}/{_tmp_name()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileNotFoundError:
+            # first block of this fan-out directory: create it on demand rather
+            # than paying a stat per write for a directory that almost always exists
+            os.makedirs(dirpath, exist_ok=True)
+            if fsync:
+                _fsync_dir(dirpath[: dirpath.rindex("/")])
+                _fsync_dir(self.nsroot)
+            fd = os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            # practically never: same pid and token in another container, or a
+            # free-threaded race on the counter
+            tmp = f"{tmp}-{secrets.token_hex(4)}"
+            fd = os.open(tmp, flags, 0o666)
+        published = False
+        try:
+            try:
+                size = _writev_all(fd, _byte_views(parts))
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            # rename is atomic: readers see no file or the whole block
+            os.rename(tmp, final)
+            published = True
+            if fsync:
+                _fsync_dir(dirpath)
+            return size
+        finally:
+            if not published:
+                # never leave a partial temp file behind a failed write
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def read(self, key: bytes) -> bytes | None:
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY | _O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            # one read into a bytes object of the file's size: no BytesIO, no
+            # growth, no second copy (bytes is immutable, the caller may keep it)
+            data = os.read(fd, size)
+            if len(data) == size:
+                return data
+            # short read: over 2 GiB (Linux caps one read) or a concurrent tamper
+            chunks = [data]
+            got = len(data)
+            while got < size:
+                more = os.read(fd, size - got)
+                if not more:
+                    break
+                chunks.append(more)
+                got += len(more)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def read_into(self, key: bytes, buffers: Sequence[memoryview]) -> int | None:
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY | _O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            bufs = _byte_views(buffers)
+            if size != sum(map(len, bufs)):
+                return size  # the caller falls back to get(); skip the read
+            if not size:
+                return 0
+            # straight into the caller's memory: no intermediate bytes object
+            offset = os.preadv(fd, bufs[:_IOV_MAX], 0)
+            if offset == size:
+                return size
+            views = [memoryview(b) for b in bufs]  # slicing must not copy
+            _advance(views, offset)
+            while views:
+                n = os.preadv(fd, views[:_IOV_MAX], offset)
+                if n == 0:
+                    return offset  # shrank under us: report what was there
+                offset += n
+                _advance(views, n)
+            return size
+        finally:
+            os.close(fd)
+
+    def size(self, key: bytes) -> int | None:
+        try:
+            return os.stat(self.path(key)).st_size
+        except FileNotFoundError:
+            return None
+
+    def remove(self, key: bytes) -> bool:
+        try:
+            os.unlink(self.path(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def rewrite(self, key: bytes, data: bytes) -> bool:
+        try:
+            fd = os.open(self.path(key), os.O_WRONLY | os.O_TRUNC | _O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            _writev_all(fd, _byte_views([data]))
+        finally:
+            os.close(fd)
+        return True
+
+    def scan(self, mapper: Mapper[Any, Any]) -> tuple[list[Entry], int]:
+        now = time.time()
+        top = _listdir(self.nsroot)
+        stale = sum(_drop_if_stale(e, now) for e in top if e.name.startswith(TMP_PREFIX))
+        firsts = [e for e in top if _FAN_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
+        # one task per first-level directory: a large cache scans in parallel
+        found: list[tuple[list[Entry], int]] = mapper(lambda e: _scan_first(e, now), firsts)
+        entries = [entry for part, _ in found for entry in part]
+        return entries, stale + sum(n for _, n in found)
+
+
+def _scan_first(first: os.DirEntry[str], now: float) -> tuple[list[Entry], int]:
+    entries: list[Entry] = []
+    stale = 0
+    for second in _listdir(first.path):
+        if not (_FAN_RE.match(second.name) and second.is_dir(follow_symlinks=False)):
+            continue
+        for f in _listdir(second.path):
+            if f.name.startswith(TMP_PREFIX):
+                stale += _drop_if_stale(f, now)
+                continue
+            key = key_of_name(first.name, second.name, f.name)
+            if key is None:
+                continue
+            try:
+                st = f.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # evicted by another process meanwhile
+            if f.is_file(follow_symlinks=False):
+                entries.append(Entry(key, st.st_size, st.st_mtime))
+    return entries, stale
+
+
+def _listdir(path: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
+
+
+def _drop_if_stale(entry: os.DirEntry[str], now: float) -> int:
+    try:
+        if entry.stat(follow_symlinks=False).st_mtime < now - STALE_TMP_SECONDS:
+            os.unlink(entry.path)
+            return 1
+    except FileNotFoundError:
+        pass  # another process cleaned it up first
+    return 0
+
+
+def _writev_all(fd: int, bufs: list[Any]) -> int:
+    total = sum(map(len, bufs))
+    if not total:
+        return 0
+    written = os.writev(fd, bufs[:_IOV_MAX])
+    if written == total:
+        return total  # the usual case: one syscall, nothing copied
+    # short write (signal, > 2 GiB, a full pipe): continue where it stopped
+    views = [memoryview(b) for b in bufs]
+    _advance(views, written)
+    while views:
+        n = os.writev(fd, views[:_IOV_MAX])
+        if n == 0:
+            raise OSError(errno.EIO, "writev wrote nothing")
+        _advance(views, n)
+    return total
+
+
+def _advance(views: list[memoryview], n: int) -> None:
+    """Drop ``n`` bytes from the front of a gather/scatter list (short writev/preadv)."""
+    while n:
+        head = len(views[0])
+        if n >= head:
+            views.pop(0)
+            n -= head
+        else:
+            views[0] = views[0][n:]
+            n = 0
+
+
+def _fsync_dir(path: str) -> None:
+    # a rename or a new entry is durable only once its directory is synced
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RemoteStore(Store):
+    """Any other fsspec filesystem: object stores, ``memory://``, ..."""
+
+    def __init__(self, fs: Any, nsroot: str) -> None:
+        super().__init__(nsroot)
+        self.fs = fs
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        self.memory = "memory" in protocols
+        # Object stores (s3fs, gcsfs, adlfs: the ones that split paths into
+        # bucket and key) need no directories, and their makedirs creates a
+        # missing bucket: a misspelt name must fail, not become a new bucket.
+        self.buckets = callable(getattr(fs, "split_path", None))
+
+    def create_root(self) -> None:
+        if not self.buckets:
+            self.fs.makedirs(self.nsroot, exist_ok=True)
+
+    def probe(self) -> None:
+        tmp = f"{self.nsroot}/{_tmp_name()}"
+        self.fs.pipe_file(tmp, b"")
+        self.fs.rm_file(tmp)
+
+    def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
+        # No existence check: on an object store it is a round trip, and
+        # overwriting an immutable block with the same bytes is harmless.
+        # keeping a reference to a bytes block is the one copy the contract wants
+        one = len(parts) == 1 and isinstance(parts[0], bytes)
+        data = parts[0] if one else b"".join(parts)
+        path = self.path(key)
+        try:
+            self.fs.pipe_file(path, data)
+        except FileNotFoundError:
+            if self.buckets:
+                raise  # the bucket is gone; never recreate it behind the user's back
+            # filesystems with real directories (sftp, ...) need the parents
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(path, data)
+        return len(data)
+
+    def read(self, key: bytes) -> bytes | None:
+        try:
+            data: bytes = self.fs.cat_file(self.path(key))
+        except FileNotFoundError:
+            return None
+        return data
+
+    def read_into(self, key: bytes, buffers: Sequence[memoryview]) -> int | None:
+        data = self.read(key)
+        if data is None:
+            return None
+        views = _byte_views(buffers)
+        if len(data) == sum(len(v) for v in views):
+            src = memoryview(data)
+            offset = 0
+            for v in views:
+                v[:] = src[offset : offset + len(v)]
+                offset += len(v)
+        return len(data)
+
+    def size(self, key: bytes) -> int | None:
+        try:
+            info = self.fs.info(self.path(key))
+        except FileNotFoundError:
+            return None
+        return int(info["size"])
+
+    def remove(self, key: bytes) -> bool:
+        # Object stores delete missing keys silently: ask first, so that the
+        # answer says whether this call removed something.
+        if self.size(key) is None:
+            return False
+        try:
+            self.fs.rm_file(self.path(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def take(self, key: bytes) -> bytes | None:
+        data = self.read(key)
+        if data is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(self.path(key))
+        return data
+
+    def rewrite(self, key: bytes, data: bytes) -> bool:
+        if self.size(key) is None:
+            return False
+        self.fs.pipe_file(self.path(key), data)
+        return True
+
+    def scan(self, mapper: Mapper[Any, Any]) -> tuple[list[Entry], int]:
+        try:
+            listing: dict[str, dict[str, Any]] = self.fs.find(self.nsroot, detail=True)
+        except FileNotFoundError:
+            return [], 0
+        now = time.time()
+        prefix = self.fs._strip_protocol(self.nsroot).rstrip("/") + "/"
+        entries: list[Entry] = []
+        stale = 0
+        for path, info in listing.items():
+            rel = path[len(prefix) :] if path.startswith(prefix) else path
+            parts = rel.split("/")
+            mtime = _mtime(info)
+            if parts[-1].startswith(TMP_PREFIX):
+                if mtime and mtime < now - STALE_TMP_SECONDS:
+                    try:
+                        self.fs.rm_file(path)
+                        stale += 1
+                    except FileNotFoundError:
+                        pass
+                continue
+            if len(parts) != 3 or info.get("type", "file") != "file":
+                continue
+            key = key_of_name(parts[0], parts[1], parts[2])
+            if key is not None:
+                entries.append(Entry(key, int(info.get("size") or 0), mtime))
+        return entries, stale
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    """Best-effort modification time from an fsspec info dict (names vary by filesystem)."""
+    for name in ("mtime", "LastModified", "last_modified", "created", "modified"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+        timestamp = getattr(value, "timestamp", None)
+        if callable(timestamp):
+            return float(timestamp())
+    return 0.0
+
+
+class _Failed:
+    """An exception caught in a worker, re-raised by the calling thread."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def run_batch(
+    pool: ThreadPoolExecutor, workers: int, fn: Callable[[T], R], items: Sequence[T]
+) -> list[R]:
+    """``[fn(x) for x in items]`` on up to ``workers`` threads, results in order.
+
+    Workers pull the next item from a shared cursor, so one slow file does
+    not hold up a fixed share of the batch, and the calling thread works too
+    instead of waiting.  The first exception is raised only once every item
+    has finished, so no I/O of the batch is left running behind the caller.
+    """
+    n = len(items)
+    results: list[Any] = [None] * n
+    lock = threading.Lock()
+    cursor = [0]
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = cursor[0]
+                cursor[0] = i + 1
+            if i >= n:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:
+                results[i] = _Failed(exc)
+
+    futures: list[Future[None]] = []
+    for _ in range(min(workers, n) - 1):
+        try:
+            futures.append(pool.submit(work))
+        except RuntimeError:
+            break  # the pool was shut down meanwhile: finish the batch here
+    work()
+    for future in futures:
+        future.result()
+    for r in results:
+        if isinstance(r, _Failed):
+            raise r.exc
+    return results

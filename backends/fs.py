@@ -1,0 +1,626 @@
+"""The ``fs`` backend: one file per block on any fsspec URL.
+
+Layout: ``<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.kvb`` where ``hex``
+is the key's hex (see :mod:`kvtier.backends._fslayout`).  File names derive
+from the key alone, so nothing a caller controls reaches a path.
+
+Local roots (``file://`` or a plain absolute path) use plain ``os`` calls:
+temp file + ``rename`` to publish, ``writev``/``preadv`` for the gather and
+scatter hooks.  Other URLs (``memory://``, ``s3://``, ...) go through fsspec
+and publish with a single ``pipe_file``.
+
+The filesystem is the authority.  This process keeps an index (key -> size,
+in LRU order) to enforce the capacity and answer lookups without a stat, but
+a key missing from it is still looked for on disk, so several processes can
+share one directory.  The index is rebuilt at open by walking the tree.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn, TypeVar
+
+from kvtier.spec import (
+    BackendError,
+    BytesLike,
+    Capabilities,
+    ClosedError,
+    ConfigError,
+    KvtierError,
+    Option,
+    hookimpl,
+)
+from kvtier.units import parse_size
+
+from ._fslayout import Entry, Store, open_store, run_batch
+
+__all__ = ["FsBackend"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _check_url(value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a URL such as file:///var/cache/kv or s3://bucket/prefix")
+
+
+def _check_threads(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected a whole number of threads >= 1, got {value!r}")
+
+
+def _checked(check: Callable[[Any], None]) -> Callable[[Any], Any]:
+    def parse(value: Any) -> Any:
+        check(value)
+        return value
+
+    return parse
+
+
+def _check_map(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping of fsspec keyword arguments, got {value!r}")
+    return dict(value)
+
+
+OPTIONS: Mapping[str, Option] = {
+    "url": Option(
+        "str",
+        "where blocks live: file:///abs/path, /abs/path, memory://name, or any "
+        "fsspec URL such as s3://bucket/prefix",
+        required=True,
+        check=_check_url,
+    ),
+    "capacity": Option(
+        "size",
+        "bytes of block files to keep before evicting the least recently used; unset for unbounded",
+        default=None,
+    ),
+    "fsync": Option(
+        "bool",
+        "fsync each block file and its directory on publish (survives power loss, slower)",
+        default=False,
+    ),
+    "io_threads": Option(
+        "int",
+        "threads running the file I/O of one batch in parallel",
+        default=4,
+        check=_check_threads,
+    ),
+    "storage_options": Option(
+        "map",
+        "passed to fsspec as keyword arguments (endpoint, credentials, ...)",
+        default={},
+        secret=True,
+    ),
+}
+
+_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
+_USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+
+
+def _redact(url: str) -> str:
+    """The URL without any ``user:password@`` part, for messages."""
+    return _USERINFO_RE.sub(r"\1***@", url)
+
+
+def _nbytes(block: BytesLike) -> int:
+    return block.nbytes if isinstance(block, memoryview) else len(block)
+
+
+def _joined(parts: Sequence[BytesLike]) -> bytes:
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        return parts[0]
+    return b"".join(parts)
+
+
+class FsBackend:
+    """Blocks as files under a local directory or any fsspec URL."""
+
+    def __init__(self) -> None:
+        # No I/O here: kvtier instantiates backends just to read their options.
+        self._lock = threading.Lock()
+        self._state = "new"  # -> "open" -> "closed"
+        self._store: Store = Store("")
+        self._url = ""
+        self._capacity: int | None = None
+        self._fsync = False
+        self._threads = 1
+        self._pool: ThreadPoolExecutor | None = None
+        # key -> stored size, least recently used first.  Guarded by _lock,
+        # which is never held during I/O.
+        self._index: OrderedDict[bytes, int] = OrderedDict()
+        self._used = 0
+        # bytes of writes in flight, counted against the capacity before they
+        # land so that concurrent puts cannot overshoot it together
+        self._reserved = 0
+        # keys whose file is being deleted: a concurrent get that still reads
+        # the file must not put them back into the index
+        self._doomed: dict[bytes, int] = {}
+        self._evictions = 0
+        self._evicted_bytes = 0
+        self._found_on_disk = 0
+        self._stale_tmp_removed = 0
+
+    # lifecycle ------------------------------------------------------------
+    @hookimpl
+    def kvtier_options(self) -> Mapping[str, Option]:
+        return OPTIONS  # introspection: answers before open and after close
+
+    @hookimpl
+    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+        with self._lock:
+            self._check_not_closed()
+            if self._state == "open":
+                raise RuntimeError("fs backend is already open")
+
+        def option(name: str, parse: Callable[[Any], T]) -> T:
+            # options normally arrive validated; re-checking costs nothing and
+            # gives direct callers (tests, embedders) the same errors
+            try:
+                return parse(options.get(name, OPTIONS[name].default))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(str(exc), key=name) from None
+
+        url: str = option("url", _checked(_check_url))
+        self._url = _redact(url)
+        if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+            # it becomes a directory name: accept nothing but the documented form
+            raise ConfigError(
+                f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
+            )
+        self._capacity = option("capacity", lambda v: None if v is None else parse_size(v))
+        self._threads = option("io_threads", _checked(_check_threads))
+        self._fsync = option("fsync", bool)
+        store = open_store(url, option("storage_options", _check_map), namespace, self._url)
+        try:
+            store.create_root()
+            store.probe()
+        except Exception as exc:
+            raise BackendError(
+                f"fs tier {self._url}: cannot create or write {store.nsroot}: {exc}"
+            ) from exc
+        # batches of one run inline; a pool of one thread would only add a hop
+        pool = None
+        if self._threads > 1:
+            pool = ThreadPoolExecutor(self._threads, thread_name_prefix="kvtier-fs")
+        with self._lock:
+            self._store, self._pool = store, pool
+        try:
+            entries, stale = store.scan(lambda fn, items: self._map(fn, items, "scan"))
+        except BaseException as exc:
+            if pool is not None:
+                pool.shutdown(wait=True)
+            self._pool = None
+            self._raise(exc, "scan")
+        self._rebuild(entries, stale)
+
+    def _rebuild(self, entries: list[Entry], stale: int) -> None:
+        # after a restart the order of use is lost: file age is the best guess
+        entries.sort(key=lambda e: e.mtime)
+        with self._lock:
+            self._index.clear()
+            for e in entries:
+                self._index[e.key] = e.size
+            self._used = sum(self._index.values())
+            self._stale_tmp_removed += stale
+            self._state = "open"
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        with self._lock:
+            if self._state != "open":
+                self._check_not_closed()
+                # never opened: describe a local directory, the usual case
+                return Capabilities(persistent=True, shared=True, thread_safe=True,
+                                    reports_evictions=True, extra={"eviction": "lru"})
+        return Capabilities(
+            persistent=not self._store.memory,
+            shared=not self._store.memory,
+            thread_safe=True,
+            capacity=self._capacity,
+            reports_evictions=True,
+            extra={"eviction": "lru", "local": self._store.local, "io_threads": self._threads},
+        )
+
+    @hookimpl
+    def kvtier_stats(self) -> Mapping[str, int | float]:
+        with self._lock:
+            self._check_open()
+            stats: dict[str, int | float] = {
+                "used_bytes": self._used,
+                "blocks": len(self._index),
+                "evictions": self._evictions,
+                "evicted_bytes": self._evicted_bytes,
+                "found_on_disk": self._found_on_disk,
+                "stale_tmp_removed": self._stale_tmp_removed,
+            }
+            if self._capacity is not None:
+                stats["capacity_bytes"] = self._capacity
+        return stats
+
+    @hookimpl
+    def kvtier_close(self) -> None:
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+            pool, self._pool = self._pool, None
+            self._index.clear()
+        # Every block answered True was renamed into place (or piped) before
+        # put returned, so nothing is left to flush; just let workers finish.
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _check_not_closed(self) -> None:
+        if self._state == "closed":
+            raise ClosedError("fs backend is closed")
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            state = "closed" if self._state == "closed" else "not open"
+            raise ClosedError(f"fs backend is {state}")
+
+    # data path ------------------------------------------------------------
+    @hookimpl
+    def kvtier_put(
+        self,
+        keys: Sequence[bytes],
+        blocks: Sequence[BytesLike],
+        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    ) -> Sequence[bool]:
+        sizes = [b.nbytes if isinstance(b, memoryview) else len(b) for b in blocks]
+        return self._put(keys, [(b,) for b in blocks], sizes, evicted)
+
+    @hookimpl
+    def kvtier_put_parts(
+        self,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[BytesLike]],
+        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    ) -> Sequence[bool]:
+        sizes = [sum(map(_nbytes, ps)) for ps in parts]
+        return self._put(keys, parts, sizes, evicted)
+
+    def _put(
+        self,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[BytesLike]],
+        sizes: list[int],
+        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    ) -> list[bool]:
+        if len(keys) == 1 and self._put_one(keys[0], parts[0], sizes[0]):
+            return [True]
+        with self._lock:
+            if self._state != "open":
+                self._check_open()
+            results, plan, victims, first = self._plan(keys, sizes)
+        if not plan and not victims:
+            # all stored already (or refused): nothing to write, no second lock
+            if first is not None:
+                for i, key in enumerate(keys):
+                    results[i] = results[first[key]]
+            return results
+        store, fsync = self._store, self._fsync
+
+        def write(i: int) -> int | Exception:
+            # caught per block so that the blocks that did land get indexed
+            try:
+                return store.write(keys[i], parts[i], fsync)
+            except Exception as exc:
+                return exc
+
+        try:
+            if victims:
+                self._report_victims(victims, parts, evicted)
+            outcomes = self._map(write, plan, "write block")
+        except BaseException:
+            with self._lock:
+                self._reserved -= sum(sizes[i] for i in plan)
+            raise
+        failure: Exception | None = None
+        with self._lock:
+            for i, out in zip(plan, outcomes, strict=True):
+                self._reserved -= sizes[i]
+                if isinstance(out, int):
+                    self._admit(keys[i], out)
+                else:
+                    results[i] = False
+                    failure = failure or out
+        if failure is not None:
+            self._raise(failure, "write block")
+        if first is not None:
+            for i, key in enumerate(keys):
+                results[i] = results[first[key]]
+        return results
+
+    def _put_one(self, key: bytes, parts: Sequence[BytesLike], size: int) -> bool:
+        """A single block that needs no eviction, with the least bookkeeping.
+
+        Small blocks cost a few syscalls; the general path's planning would
+        add a noticeable share to that.  Answers False to hand over to it.
+        """
+        with self._lock:
+            if self._state != "open":
+                self._check_open()
+            if key in self._index:
+                self._index.move_to_end(key)
+                return True
+            cap = self._capacity
+            if cap is not None and self._used + self._reserved + size > cap:
+                return False
+            self._reserved += size
+        try:
+            stored = self._store.write(key, parts, self._fsync)
+        except BaseException as exc:
+            with self._lock:
+                self._reserved -= size
+            self._raise(exc, "write block")
+        with self._lock:
+            self._reserved -= size
+            self._admit(key, stored)
+        return True
+
+    def _plan(
+        self, keys: Sequence[bytes], sizes: list[int]
+    ) -> tuple[list[bool], list[int], list[tuple[bytes, int | None]], dict[bytes, int] | None]:
+        """Decide, under the lock, what a put writes and what it evicts.
+
+        Answers the provisional results, the batch positions to write, the
+        victims in eviction order -- ``(key, None)`` for a stored block,
+        ``(key, i)`` for a block of this batch pushed out by a later one before
+        it was written -- and, for a batch with repeated keys, each key's first
+        position.  Space for the writes is reserved until they land, so that
+        concurrent puts cannot overshoot the capacity together.
+        """
+        n = len(keys)
+        results = [False] * n
+        index, cap = self._index, self._capacity
+        first: dict[bytes, int] | None = None
+        if n > 1:
+            first = {}
+            for i, key in enumerate(keys):
+                first.setdefault(key, i)
+            if len(first) == n:
+                first = None  # no repeats: skip the fix-up at the end
+        plan: list[int] = []
+        head = 0  # plan[:head] were pushed out again by later blocks
+        victims: list[tuple[bytes, int | None]] = []
+        for i, key in enumerate(keys):
+            if first is not None and first[key] != i:
+                continue
+            if key in index:
+                index.move_to_end(key)
+                results[i] = True
+                continue
+            size = sizes[i]
+            if cap is not None:
+                if size > cap:
+                    continue
+                # Same outcome as putting the batch one block at a time: the
+                # least recently used go first, earlier blocks of this batch last.
+                over = self._used + self._reserved + size - cap
+                while over > 0:
+                    if index:
+                        vkey, vsize = index.popitem(last=False)
+                        self._used -= vsize
+                        self._doomed[vkey] = self._doomed.get(vkey, 0) + 1
+                        victims.append((vkey, None))
+                    elif head < len(plan):
+                        vi = plan[head]
+                        head += 1
+                        vsize = sizes[vi]
+                        self._reserved -= vsize
+                        victims.append((keys[vi], vi))
+                    else:
+                        break  # the rest is other threads' writes in flight
+                    over -= vsize
+                if over > 0:
+                    continue
+            plan.append(i)
+            self._reserved += size
+            results[i] = True
+        self._evictions += len(victims)
+        return results, plan[head:], victims, first
+
+    def _report_victims(
+        self,
+        victims: list[tuple[bytes, int | None]],
+        parts: Sequence[Sequence[BytesLike]],
+        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    ) -> None:
+        stored = [key for key, i in victims if i is None]
+        try:
+            # read each before deleting it: the tier below gets the bytes
+            taken = iter(self._map(self._store.take, stored, "evict"))
+        finally:
+            with self._lock:
+                self._undoom(stored)
+        total = 0
+        for key, i in victims:
+            data = next(taken) if i is None else _joined(parts[i])
+            if data is not None:  # None: another process deleted it first
+                evicted.append((key, data))
+                total += len(data)
+        with self._lock:
+            self._evicted_bytes += total
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
+        if len(keys) == 1:  # the common case, without the batch machinery
+            hit = self._touch(keys)[0]
+            try:
+                data = self._store.read(keys[0])
+            except BaseException as exc:
+                self._raise(exc, "read block")
+            if hit is (data is None):
+                self._reconcile(keys, [hit], [None if data is None else len(data)])
+            return [data]
+        unique = keys if len(keys) <= 1 else list(dict.fromkeys(keys))
+        known = self._touch(unique)
+        found = self._map(self._store.read, unique, "read block")
+        self._reconcile(unique, known, [None if d is None else len(d) for d in found])
+        if unique is keys:
+            return found
+        by_key = dict(zip(unique, found, strict=True))
+        return [by_key[key] for key in keys]
+
+    @hookimpl
+    def kvtier_get_into(
+        self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
+    ) -> Sequence[int | None]:
+        if len(keys) == 1:  # the common case, without the batch machinery
+            hit = self._touch(keys)[0]
+            try:
+                size = self._store.read_into(keys[0], buffers[0])
+            except BaseException as exc:
+                self._raise(exc, "read block")
+            if hit is (size is None):
+                self._reconcile(keys, [hit], [size])
+            return [size]
+        # no de-duplication: every position has buffers of its own to fill
+        known = self._touch(keys)
+        read_into = self._store.read_into
+        sizes = self._map(lambda i: read_into(keys[i], buffers[i]), range(len(keys)), "read")
+        self._reconcile(keys, known, sizes)
+        return sizes
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
+        with self._lock:
+            if self._state != "open":
+                self._check_open()
+            index = self._index
+            known = [key in index for key in keys]
+        if all(known):
+            return known
+        # the index may lag behind other processes: stat what it lacks
+        unknown = list(dict.fromkeys(k for k, hit in zip(keys, known, strict=True) if not hit))
+        sizes = self._map(self._store.size, unknown, "stat block")
+        self._reconcile(unknown, [False] * len(unknown), sizes)
+        found = {key for key, size in zip(unknown, sizes, strict=True) if size is not None}
+        return [hit or key in found for key, hit in zip(keys, known, strict=True)]
+
+    @hookimpl
+    def kvtier_evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
+        unique = list(dict.fromkeys(keys))
+        with self._lock:
+            if self._state != "open":
+                self._check_open()
+            for key in unique:
+                size = self._index.pop(key, None)
+                if size is not None:
+                    self._used -= size
+                self._doomed[key] = self._doomed.get(key, 0) + 1
+        try:
+            # unlink even keys this process never saw: another may have written them
+            removed = self._map(self._store.remove, unique, "evict block")
+        finally:
+            with self._lock:
+                self._undoom(unique)
+        first = dict(zip(unique, removed, strict=True))
+        out = []
+        for key in keys:
+            out.append(first[key])
+            first[key] = False  # a repeated key was removed by its first mention
+        return out
+
+    # testing --------------------------------------------------------------
+    @hookimpl
+    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        with self._lock:
+            self._check_open()
+        try:
+            data = self._store.read(key)
+            # raw rewrite in place, index untouched: like bit rot or a torn write
+            return data is not None and self._store.rewrite(key, transform(data))
+        except BaseException as exc:
+            self._raise(exc, "tamper")
+
+    # helpers --------------------------------------------------------------
+    def _touch(self, keys: Sequence[bytes]) -> list[bool]:
+        """Mark indexed keys as just used; answer which were indexed."""
+        known = []
+        with self._lock:
+            if self._state != "open":
+                self._check_open()
+            index = self._index
+            for key in keys:
+                if key in index:
+                    index.move_to_end(key)
+                    known.append(True)
+                else:
+                    known.append(False)
+        return known
+
+    def _reconcile(
+        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None]
+    ) -> None:
+        """Bring the index in line with what the store answered, where they disagree."""
+        for hit, size in zip(known, sizes, strict=True):
+            if hit is (size is None):
+                break
+        else:
+            return  # the common case: no second trip through the lock
+        with self._lock:
+            for key, hit, size in zip(keys, known, sizes, strict=True):
+                if size is None:
+                    # deleted by another process: a miss, and no longer counted
+                    if hit and key in self._index:
+                        self._used -= self._index.pop(key)
+                elif key not in self._index and key not in self._doomed:
+                    # Written by another process.  Counting it may overshoot
+                    # the capacity; the next put evicts back under it (and
+                    # reports what it evicts, which a get could not).
+                    self._admit(key, size)
+                    self._found_on_disk += 1
+
+    def _admit(self, key: bytes, size: int) -> None:
+        if key in self._index:
+            self._index.move_to_end(key)
+        else:
+            self._index[key] = size
+            self._used += size
+
+    def _undoom(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            left = self._doomed.pop(key) - 1
+            if left:
+                self._doomed[key] = left
+
+    def _map(self, fn: Callable[[T], R], items: Sequence[T], what: str) -> list[R]:
+        """``[fn(x) for x in items]``, spread over the I/O threads for a batch.
+
+        Workers pull the next item from a shared counter, so one slow file
+        does not hold up a fixed share of the batch; the calling thread works
+        too instead of just waiting.  Faults surface as BackendError after
+        every item has finished, so no I/O of the batch is left running.
+        """
+        try:
+            pool = self._pool
+            if len(items) <= 1 or pool is None:
+                return [fn(x) for x in items]
+            return run_batch(pool, self._threads, fn, items)
+        except BaseException as exc:
+            self._raise(exc, what)
+
+    def _raise(self, exc: BaseException, what: str) -> NoReturn:
+        """Raise ``exc``, as a BackendError naming the tier if it is a storage fault."""
+        if isinstance(exc, KvtierError) or not isinstance(exc, Exception):
+            raise exc
+        if isinstance(exc, OSError):
+            detail = exc.strerror or str(exc)
+            if exc.filename:
+                detail = f"{detail}: {exc.filename}"
+            message = f"fs tier {self._url}: {what}: {detail}"
+            err = BackendError(exc.errno, message) if exc.errno else BackendError(message)
+            raise err from exc
+        if self._store.local:
+            raise exc  # not a storage fault but a bug: let it show as such
+        # remote filesystems raise their own types for network trouble
+        raise BackendError(f"fs tier {self._url}: {what}: {exc!r}") from exc
