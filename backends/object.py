@@ -1,0 +1,606 @@
+"""The ``object`` backend: one object per block in an S3-compatible bucket.
+
+Layout: ``<prefix>/<namespace>/<hex[0:2]>/<hex>`` where ``hex`` is the key's
+hex, so nothing a caller controls reaches an object name.  Requests go
+through ``obstore`` (Rust ``object_store``): the sync API on a thread pool of
+``concurrency`` threads per instance.  Against SeaweedFS it beat
+``asyncio.gather`` over the async API on a private event loop (4 KiB: GET 3700
+vs 2100/s, HEAD 4700 vs 3900/s; equal at 1 MiB): the async bridge costs a
+Python future and a loop hop per request, the sync calls just release the GIL.
+
+The bucket is the authority and is shared by design: puts are conditional
+creates (``If-None-Match: *``), so a block another instance already stored is
+neither uploaded twice nor rewritten.  Lookups may be answered from a
+short-lived presence cache.  With ``capacity`` or ``max_age`` set, the
+instance keeps an index of the namespace (rebuilt by a LIST at open) and
+deletes the oldest objects by last-modified time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+from obstore.store import S3Store
+
+from kvtier.spec import (
+    BackendError,
+    BytesLike,
+    Capabilities,
+    ClosedError,
+    ConfigError,
+    Option,
+    hookimpl,
+)
+from kvtier.units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from obstore.store import S3Config
+
+__all__ = ["ObjectBackend"]
+
+log = logging.getLogger("kvtier.object")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Seconds between cleanup passes (LIST, then delete what max_age and
+#: capacity exclude) triggered by puts; module-level so tests can shorten it.
+CLEANUP_INTERVAL = 60.0
+#: Presence-cache entries kept before expired ones are swept.
+_CACHE_MAX = 1 << 16
+
+
+def _check_bucket(value: Any) -> None:
+    if not isinstance(value, str) or not value or "/" in value or value != value.strip():
+        raise ValueError(f"expected a bucket name, got {value!r}")
+
+
+def _check_prefix(value: Any) -> None:
+    parts = str(value).strip("/").split("/")
+    if value and str(value).strip("/") and any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"expected a key prefix such as kv/cache, got {value!r}")
+
+
+def _check_n(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected a whole number >= 1, got {value!r}")
+
+
+OPTIONS: Mapping[str, Option] = {
+    "bucket": Option("str", "bucket holding the blocks", required=True, check=_check_bucket),
+    "endpoint": Option("str", "S3 endpoint URL; unset for AWS"),
+    "prefix": Option("str", "key prefix inside the bucket", default="", check=_check_prefix),
+    "region": Option("str", "region used to sign requests", default="us-east-1"),
+    "access_key_id": Option("str", "access key; unset: AWS_ACCESS_KEY_ID", secret=True),
+    "secret_access_key": Option("str", "secret; unset: AWS_SECRET_ACCESS_KEY", secret=True),
+    "allow_http": Option("bool", "allow plain http; default: if the endpoint is http://"),
+    "concurrency": Option("int", "requests in flight for a batch", default=16, check=_check_n),
+    "request_timeout": Option("duration", "timeout of one request", default="30s"),
+    "connect_timeout": Option("duration", "timeout to connect", default="5s"),
+    "lookup_cache_ttl": Option("duration", "lifetime of cached lookups; 0: off", default="2s"),
+    "capacity": Option("size", "bytes kept in the namespace, oldest deleted; unset: no limit"),
+    "max_age": Option("duration", "delete blocks older than this; unset: keep them"),
+}
+
+_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
+_NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
+_STATUS_RE = re.compile(r"status code: (\d{3})")
+_CODE_RE = re.compile(r"<Code>(\w+)</Code>")
+
+
+class _Failed:
+    """An exception caught in a worker thread, re-raised by the caller."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _parse(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options with defaults filled, checked, sizes and durations parsed.
+
+    The config loader has done this already; a caller of the hook may not have.
+    """
+    opts = {k: o.default for k, o in OPTIONS.items()}
+    opts.update({k: v for k, v in options.items() if v is not None})
+    for name, opt in OPTIONS.items():
+        value = opts.get(name)
+        if value is None:
+            if opt.required:
+                raise ConfigError("is required", key=name)
+            continue
+        try:
+            if opt.check is not None:
+                opt.check(value)
+            if opt.type in ("size", "duration"):
+                opts[name] = (parse_size if opt.type == "size" else parse_duration)(value)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key=name) from None
+    return opts
+
+
+class ObjectBackend:
+    """Blocks as objects in an S3-compatible bucket."""
+
+    def __init__(self) -> None:
+        # No I/O here: kvtier instantiates backends just to read their options.
+        self._lock = threading.Lock()
+        self._state = "new"  # -> "open" -> "closed"
+        self._store: S3Store | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._where = self._bucket = self._endpoint = ""
+        self._secrets: tuple[str, ...] = ()
+        self._root = ""
+        self._ttl = 2.0
+        self._capacity: int | None = None
+        self._max_age: float | None = None
+        self._conditional = True  # falls back to HEAD-then-PUT if the server refuses
+        # key -> (present, expiry on the monotonic clock)
+        self._cache: dict[bytes, tuple[bool, float]] = {}
+        # with capacity/max_age: key -> (size, last-modified epoch), oldest first
+        self._index: OrderedDict[bytes, tuple[int, float]] | None = None
+        self._used = 0
+        self._last_cleanup = 0.0
+        self._cleaner: threading.Thread | None = None
+        self._stats = dict.fromkeys(
+            ("uploads", "uploaded_bytes", "already_stored", "cache_hits", "heads", "deleted"), 0
+        )
+
+    # lifecycle --------------------------------------------------------------
+    @hookimpl
+    def kvtier_options(self) -> Mapping[str, Option]:
+        return OPTIONS
+
+    @hookimpl
+    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+        with self._lock:
+            if self._state != "new":
+                raise ClosedError(f"object backend is {self._state}; open it once")
+        if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+            raise ConfigError(
+                f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
+            )
+        opts = _parse(options)
+        bucket, endpoint, prefix = opts["bucket"], opts["endpoint"], opts["prefix"].strip("/")
+        self._root = f"{prefix}/{namespace}" if prefix else namespace
+        self._bucket, self._endpoint = bucket, endpoint or f"AWS S3 ({opts['region']})"
+        self._where = f"s3://{bucket}/{prefix} at {self._endpoint}"
+        self._secrets = tuple(s for s in (opts["secret_access_key"],) if s)
+        self._ttl, self._capacity = opts["lookup_cache_ttl"], opts["capacity"]
+        self._max_age = opts["max_age"]
+        config: S3Config = {"region": opts["region"]}
+        if endpoint:
+            config["endpoint"] = endpoint
+        # explicit keys win; without them obstore reads AWS_* from the environment
+        if opts["access_key_id"]:
+            config["access_key_id"] = opts["access_key_id"]
+        if opts["secret_access_key"]:
+            config["secret_access_key"] = opts["secret_access_key"]
+        allow_http = opts["allow_http"]
+        timeout = timedelta(seconds=opts["request_timeout"])
+        try:
+            store = S3Store(
+                bucket,
+                config=config,
+                client_options={
+                    "allow_http": bool(endpoint and endpoint.startswith("http://"))
+                    if allow_http is None
+                    else bool(allow_http),
+                    "timeout": timeout,
+                    "connect_timeout": timedelta(seconds=opts["connect_timeout"]),
+                },
+                # object_store retries 10 times for up to 3 minutes by default;
+                # a dead server must become a fault within about one request
+                # timeout so that the chain skips the tier instead of hanging
+                retry_config={
+                    "max_retries": 2,
+                    "retry_timeout": timeout,
+                    "backoff": {
+                        "init_backoff": timedelta(milliseconds=50),
+                        "max_backoff": timedelta(seconds=1),
+                        "base": 2,
+                    },
+                },
+            )
+        except Exception as exc:  # obstore checks the configuration here, without I/O
+            raise ConfigError(f"{self._where}: {self._scrub(_first_line(exc))}") from None
+        # One authenticated LIST proves endpoint, bucket and credentials (a HEAD
+        # cannot: S3 answers 404 for a missing bucket and a missing object alike);
+        # it is the index rebuild too when capacity or max_age needs one.
+        try:
+            if self._capacity is None and self._max_age is None:
+                next(iter(obstore.list(store, self._root + "/", chunk_size=1)), None)
+            else:
+                self._rescan(store, initial=True)
+        except Exception as exc:
+            raise self._fault(exc, "open") from exc
+        with self._lock:
+            self._store = store
+            self._pool = ThreadPoolExecutor(
+                int(opts["concurrency"]), thread_name_prefix="kvtier-object"
+            )
+            self._state = "open"
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        with self._lock:
+            if self._state == "closed":
+                raise ClosedError("object backend is closed")
+        return Capabilities(
+            persistent=True,
+            shared=True,
+            thread_safe=True,
+            capacity=self._capacity,
+            reports_evictions=False,
+            extra={"store": "s3", "conditional_put": self._conditional},
+        )
+
+    @hookimpl
+    def kvtier_stats(self) -> Mapping[str, int | float]:
+        with self._lock:
+            self._check_open()
+            stats: dict[str, int | float] = dict(self._stats)
+            stats["lookup_cache_entries"] = len(self._cache)
+            if self._index is not None:
+                stats["used_bytes"] = self._used
+                stats["blocks"] = len(self._index)
+            if self._capacity is not None:
+                stats["capacity_bytes"] = self._capacity
+        return stats
+
+    @hookimpl
+    def kvtier_close(self) -> None:
+        with self._lock:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+            pool, self._pool = self._pool, None
+            cleaner = self._cleaner
+            self._cache.clear()
+        # every put answered True finished its PUT before returning: nothing to flush
+        if cleaner is not None:
+            cleaner.join()
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    # data path --------------------------------------------------------------
+    @hookimpl
+    def kvtier_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> Sequence[bool]:
+        # no `evicted` parameter: reports_evictions=False, capacity deletes are not handed on
+        store = self._live_store()
+        first = _first_positions(keys)
+        sizes = {k: memoryview(blocks[i]).nbytes for k, i in first.items()}
+        cap = self._capacity
+        todo = [k for k in first if cap is None or sizes[k] <= cap]
+
+        def upload(key: bytes) -> bool:
+            return self._upload(store, key, blocks[first[key]])
+
+        outcomes = self._map(upload, todo)
+        now = time.time()
+        stored: dict[bytes, bool] = dict.fromkeys(first, False)
+        failure: Exception | None = None
+        victims: list[bytes] = []
+        with self._lock:
+            for key, out in zip(todo, outcomes):
+                if isinstance(out, _Failed):
+                    failure = failure or out.exc
+                    continue
+                stored[key] = True
+                self._remember(key, True)
+                if self._index is not None and key not in self._index:
+                    self._index[key] = (sizes[key], now)
+                    self._used += sizes[key]
+            if self._index is not None and cap is not None:
+                while self._used > cap and self._index:
+                    victim, (size, _) = self._index.popitem(last=False)
+                    self._used -= size
+                    self._cache.pop(victim, None)
+                    victims.append(victim)
+        if victims:
+            self._delete(store, victims)
+        if failure is not None:
+            raise self._fault(failure, "put") from failure
+        self._maybe_cleanup()
+        return [stored[k] for k in keys]
+
+    def _upload(self, store: S3Store, key: bytes, block: BytesLike) -> bool:
+        """Store one block; True if uploaded now, False if it was already there."""
+        path = self._path(key)
+        if self._conditional:
+            try:
+                obstore.put(store, path, block, mode="create", use_multipart=False)
+            except (AlreadyExistsError, PreconditionError):
+                self._count(already_stored=1)
+                return False
+            except NotSupportedError:
+                # The server refuses If-None-Match (older S3-compatible stores
+                # answer 501): fall back to HEAD-then-PUT, which can race with
+                # another writer of the same key -- harmless, blocks are immutable.
+                self._conditional = False
+            else:
+                self._count(uploads=1, uploaded_bytes=memoryview(block).nbytes)
+                return True
+        if self._exists(store, key):
+            self._count(already_stored=1)
+            return False
+        obstore.put(store, path, block, use_multipart=False)
+        self._count(uploads=1, uploaded_bytes=memoryview(block).nbytes)
+        return True
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
+        store = self._live_store()
+        unique = list(_first_positions(keys))
+
+        def fetch(key: bytes) -> memoryview | None:
+            try:
+                # obstore's Bytes is a read-only buffer: a view of it costs no copy
+                return memoryview(obstore.get(store, self._path(key)).bytes())
+            except FileNotFoundError:
+                return None
+
+        outcomes = self._map(fetch, unique)
+        found: dict[bytes, memoryview | None] = {}
+        failure: Exception | None = None
+        with self._lock:
+            for key, out in zip(unique, outcomes):
+                if isinstance(out, _Failed):
+                    failure = failure or out.exc
+                    continue
+                found[key] = out
+                self._remember(key, out is not None)
+        if failure is not None:
+            raise self._fault(failure, "get") from failure
+        return [found[k] for k in keys]
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
+        store = self._live_store()
+        answers: dict[bytes, bool] = {}
+        now = time.monotonic()
+        with self._lock:
+            for key in keys:
+                entry = self._cache.get(key)
+                if entry is not None and entry[1] > now:
+                    answers[key] = entry[0]
+            self._stats["cache_hits"] += len(answers)
+        ask = [k for k in _first_positions(keys) if k not in answers]
+        if ask:
+            outcomes = self._map(lambda k: self._exists(store, k), ask)
+            failure: Exception | None = None
+            with self._lock:
+                for key, out in zip(ask, outcomes):
+                    if isinstance(out, _Failed):
+                        failure = failure or out.exc
+                        continue
+                    answers[key] = out
+                    self._remember(key, out)
+            if failure is not None:
+                raise self._fault(failure, "lookup") from failure
+        return [answers[k] for k in keys]
+
+    def _exists(self, store: S3Store, key: bytes) -> bool:
+        self._count(heads=1)
+        try:
+            obstore.head(store, self._path(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    @hookimpl
+    def kvtier_evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
+        store = self._live_store()
+        unique = list(_first_positions(keys))
+        # S3 answers a DELETE of a missing object with 204 as well: ask first,
+        # so that the answer says whether this call removed something
+        outcomes = self._map(lambda k: self._exists(store, k), unique)
+        failed = [o.exc for o in outcomes if isinstance(o, _Failed)]
+        if failed:
+            raise self._fault(failed[0], "evict") from failed[0]
+        present = [k for k, out in zip(unique, outcomes) if out is True]
+        if present:
+            self._delete(store, present)
+        with self._lock:
+            for key in unique:
+                self._remember(key, False)
+                self._forget(key)
+        gone = set(present)
+        out = []
+        for key in keys:
+            out.append(key in gone)
+            gone.discard(key)  # a repeated key was removed by its first mention
+        return out
+
+    @hookimpl
+    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        # raw GET, transform, overwriting PUT: no cache, no index, no condition
+        store = self._live_store()
+        path = self._path(key)
+        try:
+            try:
+                old = bytes(obstore.get(store, path).bytes())
+            except FileNotFoundError:
+                return False
+            obstore.put(store, path, transform(old), mode="overwrite", use_multipart=False)
+        except Exception as exc:
+            raise self._fault(exc, "tamper") from exc
+        return True
+
+    # capacity and age -------------------------------------------------------
+    def _maybe_cleanup(self) -> None:
+        if self._max_age is None:
+            return
+        with self._lock:
+            if self._state != "open" or time.monotonic() - self._last_cleanup < CLEANUP_INTERVAL:
+                return
+            if self._cleaner is not None and self._cleaner.is_alive():
+                return
+            self._last_cleanup = time.monotonic()
+            # a LIST of a large namespace takes a while: never make a put wait for it
+            self._cleaner = threading.Thread(
+                target=self._cleanup_quietly, name="kvtier-object-cleanup", daemon=True
+            )
+            self._cleaner.start()
+
+    def _cleanup_quietly(self) -> None:
+        try:
+            self._rescan(self._live_store(), initial=False)
+        except ClosedError:
+            pass  # closed before the pass began
+        except Exception as exc:  # the next pass retries; puts must not fail for it
+            log.warning("%s", self._fault(exc, "cleanup pass"))
+
+    def _rescan(self, store: S3Store, *, initial: bool) -> None:
+        """LIST the namespace, rebuild the index, delete what is too old or over capacity."""
+        started = time.time()
+        listed: list[tuple[float, str, bytes, int]] = []
+        prefix = self._root + "/"
+        for chunk in obstore.list(store, prefix, chunk_size=1000):
+            for meta in chunk:
+                rel = meta["path"][len(prefix) :].split("/")
+                # only names this backend writes: <hex[0:2]>/<hex>
+                if len(rel) == 2 and _NAME_RE.match(rel[1]) and rel[0] == rel[1][:2]:
+                    key = bytes.fromhex(rel[1])
+                    listed.append((meta["last_modified"].timestamp(), rel[1], key, meta["size"]))
+        listed.sort()
+        cutoff = None if self._max_age is None else started - self._max_age
+        expired = [key for mtime, _, key, _ in listed if cutoff is not None and mtime < cutoff]
+        index: OrderedDict[bytes, tuple[int, float]] = OrderedDict(
+            (key, (size, mtime))
+            for mtime, _, key, size in listed
+            if cutoff is None or mtime >= cutoff
+        )
+        with self._lock:
+            if not initial and self._index is not None:
+                # blocks this instance stored while the LIST ran are not in it
+                for key, (size, mtime) in self._index.items():
+                    if mtime >= started and key not in index:
+                        index[key] = (size, mtime)
+            used = sum(size for size, _ in index.values())
+            over: list[bytes] = []
+            if self._capacity is not None:
+                while used > self._capacity and index:
+                    key, (size, _) = index.popitem(last=False)
+                    used -= size
+                    over.append(key)
+            self._index, self._used = index, used
+            for key in (*expired, *over):
+                self._cache.pop(key, None)
+        if expired or over:
+            self._delete(store, [*expired, *over])
+
+    def _delete(self, store: S3Store, keys: list[bytes]) -> None:
+        # one DeleteObjects request per 1000 keys
+        try:
+            obstore.delete(store, [self._path(k) for k in keys])
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise self._fault(exc, "delete") from exc
+        self._count(deleted=len(keys))
+
+    def _forget(self, key: bytes) -> None:
+        """Drop ``key`` from the index; the caller holds the lock."""
+        if self._index is not None:
+            entry = self._index.pop(key, None)
+            if entry is not None:
+                self._used -= entry[0]
+
+    # helpers ----------------------------------------------------------------
+    def _path(self, key: bytes) -> str:
+        hexkey = key.hex()
+        return f"{self._root}/{hexkey[:2]}/{hexkey}"
+
+    def _remember(self, key: bytes, present: bool) -> None:
+        """Cache a presence answer; the caller holds the lock."""
+        if self._ttl <= 0:
+            return
+        now = time.monotonic()
+        if len(self._cache) >= _CACHE_MAX:
+            self._cache = {k: v for k, v in self._cache.items() if v[1] > now}
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+        self._cache[key] = (present, now + self._ttl)
+
+    def _count(self, **amounts: int) -> None:
+        with self._lock:
+            for name, n in amounts.items():
+                self._stats[name] += n
+
+    def _map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R | _Failed]:
+        """``fn`` over ``items`` on the pool, exceptions caught per item, results in order."""
+
+        def safe(item: T) -> R | _Failed:
+            try:
+                return fn(item)
+            except Exception as exc:
+                return _Failed(exc)
+
+        pool = self._pool
+        if len(items) <= 1 or pool is None:
+            return [safe(item) for item in items]  # a batch of one needs no thread hop
+        try:
+            return list(pool.map(safe, items))
+        except RuntimeError:  # the pool shut down under us: close() ran
+            raise ClosedError("object backend is closed") from None
+
+    def _live_store(self) -> S3Store:
+        self._check_open()
+        assert self._store is not None
+        return self._store
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            state = "closed" if self._state == "closed" else "not open"
+            raise ClosedError(f"object backend is {state}")
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _fault(self, exc: Exception, op: str) -> BackendError:
+        """A BackendError naming endpoint and bucket, saying what the server meant."""
+        text = str(exc)
+        status = _STATUS_RE.search(text)
+        code = _CODE_RE.search(text)
+        detail = self._scrub(_first_line(exc))
+        # a PUT answered 404 means the bucket is gone: objects are never missing there
+        if (code is not None and code.group(1) == "NoSuchBucket") or (
+            op == "put" and isinstance(exc, FileNotFoundError)
+        ):
+            return BackendError(
+                f"object tier ({op}): bucket {self._bucket!r} does not exist at {self._endpoint}"
+            )
+        if status is not None and status.group(1) in ("401", "403"):
+            why = code.group(1) if code is not None else f"HTTP {status.group(1)}"
+            return BackendError(
+                f"object tier ({op}): {self._endpoint} refused the credentials for bucket "
+                f"{self._bucket!r} ({why})"
+            )
+        return BackendError(f"object tier {self._where}: {op} failed: {detail}")
+
+
+def _first_positions(keys: Sequence[bytes]) -> dict[bytes, int]:
+    """Each distinct key of a batch and where it first occurs, in batch order."""
+    first: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    return first

@@ -1,0 +1,35 @@
+"""Fixtures shared by the test modules."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/seaweed.py, without a package
+
+from seaweed import SeaweedServer
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """A SeaweedFS S3 server for the whole run; its log is ``weed.log`` beside its data."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    logging.getLogger("kvtier.tests").info(
+        "SeaweedFS S3 at %s, data %s, log %s", server.endpoint, server.data_dir, server.log_path
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server: SeaweedServer) -> str:
+    """A new, empty bucket on ``s3_server``; its name."""
+    return s3_server.make_bucket(f"kvt-{uuid.uuid4().hex[:16]}")
