@@ -61,7 +61,7 @@ class _Exporter:
             ) from exc
         self.chains: weakref.WeakSet[Chain] = weakref.WeakSet()
         self.registry = CollectorRegistry()
-        self.registry.register(self)  # type: ignore[arg-type]
+        self.registry.register(self)
         self.server, self.thread = start_http_server(port, registry=self.registry)
 
     def collect(self) -> Iterator[Any]:
