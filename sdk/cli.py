@@ -114,6 +114,20 @@ def explain(file: str) -> None:
     console.print(table)
 
 
+def _attach_commands() -> None:
+    # these modules import their heavy dependencies (pytest, vLLM) only when run
+    from .conformance import conformance_command
+    from .contrib.vllm import vllm_args_command
+    from .serve import serve_command
+
+    cli.add_command(conformance_command)
+    cli.add_command(serve_command)
+    cli.add_command(vllm_args_command)
+
+
+_attach_commands()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``kvtier`` script."""
     cli.main(args=argv, prog_name="kvtier")

@@ -334,8 +334,8 @@ TIER_ERRORS = [
     ("name: nvme", "name: ''", 6, "chain[1].name", "invalid tier name ''"),
     ("name: nvme", "name: 7", 6, "chain[1].name", "expected a string, got int 7"),
     ("backend: fs", "backend: redis", 7, "chain[1].backend",
-     "unknown backend 'redis' (installed: fs, host); it is provided by another package: "
-     "pip install kvtier-redis"),
+     "unknown backend 'redis' (installed: fs, host, object, peer); it is provided by another "
+     "package: pip install kvtier-redis"),
     ("capacity: 500GiB", "capcity: 500GiB", 9, "chain[1].capcity",
      "unknown key 'capcity'; did you mean 'capacity'? Accepted for backend 'fs': backend, "
      "capacity, codec, codec_level, headers, name, paths, pin, promote, ratio, retries, "
@@ -389,8 +389,8 @@ def test_tier_errors(tmp_path: Path, registry: BackendRegistry, old: str, new: s
 
 def test_unknown_backend_keeps_plugin_error_as_cause(tmp_path: Path,
                                                      registry: BackendRegistry) -> None:
-    path = write(tmp_path, EXAMPLE.replace("backend: fs", "backend: object"))
-    err = fails(path, registry, f"{path}:7", "chain[1].backend", "pip install 'kvtier[s3]'")
+    path = write(tmp_path, EXAMPLE.replace("backend: fs", "backend: redis"))
+    err = fails(path, registry, f"{path}:7", "chain[1].backend", "pip install kvtier-redis")
     assert isinstance(err.__cause__, PluginError)
 
 

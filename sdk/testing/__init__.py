@@ -1,1 +1,63 @@
-"""The conformance kit: certify a kvtier backend against the contract."""
+"""The conformance kit: certify a kvtier backend against the contract.
+
+Subclass :class:`BackendTests` in a test module (pytest collects classes named
+``Test*``)::
+
+    import pytest
+    from kvtier.testing import BackendTests
+
+    class TestMyBackend(BackendTests):
+        backend = "my-backend"          # entry-point name, or "pkg.module:Factory"
+
+        @pytest.fixture
+        def backend_options(self, tmp_path):
+            return {"path": str(tmp_path), "capacity": "16MiB"}
+
+or run ``kvtier conformance NAME --option KEY=VALUE``.  The pytest plugin
+(:mod:`kvtier.testing.plugin`) is registered through the ``pytest11`` entry
+point and adds the ``kvtier_group`` marker and ``--kvtier-group``.
+
+Names are imported on first use, so that pytest loading the plugin in every
+project does not import Hypothesis or the groups.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import KitBackend, KitBase
+    from .data import block_for, key_of, size_for
+    from .groups import GROUPS
+    from .stateful import DictModel
+    from .suite import BackendTests
+
+__all__ = [
+    "GROUPS",
+    "BackendTests",
+    "DictModel",
+    "KitBackend",
+    "KitBase",
+    "block_for",
+    "key_of",
+    "size_for",
+]
+
+_WHERE = {
+    "GROUPS": "groups",
+    "BackendTests": "suite",
+    "DictModel": "stateful",
+    "KitBackend": "base",
+    "KitBase": "base",
+    "block_for": "data",
+    "key_of": "data",
+    "size_for": "data",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtier.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,230 @@
+"""Time to first token in vLLM: recomputed, from vLLM's own fs tier, from a kvtier fs tier.
+
+    python bench/vllm_ttft.py [--tokens 2048] [--layers 8] [--hidden 1024]
+        [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
+        [--warm-cache] [--workdir DIR] [--io-threads 16]
+
+Builds a random Llama (fp32, no tokenizer), then runs every engine in a
+process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+
+* ``store`` (once): one engine with both secondary tiers behind its CPU tier
+  (vLLM's ``fs`` tier and a kvtier chain with an ``fs`` tier) stores the prompt.
+* ``recompute``: no connector; the prompt is prefilled.
+* ``vllm-fs``: only vLLM's fs tier; the prompt's KV comes from disk (vLLM
+  reads with O_DIRECT).
+* ``kvtier-fs``: only the kvtier tier.
+
+Each mode runs in ``--processes`` fresh engine processes (interleaved), each
+timing ``--samples`` prompts: the first in the fresh process, the others after
+``reset_prefix_cache(reset_connector=True)`` (vLLM's CPU tier emptied) and a
+pause.  Before every hit the stored files are dropped from the page cache
+(``posix_fadvise(DONTNEED)`` after an fsync) unless ``--warm-cache``.  Each
+engine first generates a short unrelated prompt, so one-time start-up work
+is not counted.  TTFT is the wall time of ``generate(prompt, max_tokens=1)``;
+the table gives the median over all samples, the minimum, and the median of
+the fresh-process samples alone.
+Both hit runs use the kvtier spec (vLLM's own CPU worker refuses non-GPU
+platforms); only the secondary tier differs.  The kvtier fs tier gets
+``io_threads: 16``, the parallelism of vLLM's fs tier (16 read threads):
+on storage that needs requests in flight to reach its bandwidth, the fs
+backend's default of 4 costs a cold read about 2.5 times as long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TAG = "VLLM-TTFT "
+
+
+def child(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    extra: dict[str, Any] | None = None
+    if args.mode != "recompute":
+        extra = {
+            "spec_name": "KvtierOffloadingSpec",
+            "spec_module_path": "kvtier.contrib.vllm.spec",
+            "cpu_bytes_to_use": args.primary_bytes,
+            "secondary_tiers": [],
+        }
+        if args.mode in ("store", "vllm-fs"):
+            extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
+        if args.mode in ("store", "kvtier-fs"):
+            extra["kvtier_config"] = args.kvtier_config
+    llm = LLM(
+        model=args.model,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=args.tokens + 64,
+        enforce_eager=True,
+        seed=0,
+        block_size=32,
+        enable_prefix_caching=False,
+        kv_transfer_config=(
+            KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                             kv_connector_extra_config=extra)
+            if extra is not None else None
+        ),
+    )
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=[7] * 40)], one, use_tqdm=False)  # warm-up
+    prompt = TokensPrompt(prompt_token_ids=[(i * 7919 + 13) % 30000 + 3
+                                            for i in range(args.tokens)])
+    samples = 1 if args.mode == "store" else args.samples
+    ttfts, cached = [], []
+    for i in range(samples):
+        if i:
+            # vLLM's caches emptied (its CPU tier included), stored files out of
+            # the page cache, lookup answers remembered by either tier expired
+            llm.reset_prefix_cache(reset_connector=True)
+            if not args.warm_cache:
+                for root in (args.vllm_dir, args.kvtier_dir):
+                    drop_page_cache(root)
+            time.sleep(2.5)
+        start = time.perf_counter()
+        out = llm.generate([prompt], one, use_tqdm=False)[0]
+        ttfts.append(time.perf_counter() - start)
+        cached.append(out.num_cached_tokens or 0)
+    if args.mode == "store":  # let the cascades to both tiers finish
+        for _ in range(40):
+            llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], one, use_tqdm=False)
+            time.sleep(0.05)
+    llm.llm_engine.engine_core.shutdown()
+    print(TAG + json.dumps({"mode": args.mode, "ttft_s": ttfts, "cached_tokens": cached,
+                            "token": out.outputs[0].token_ids[0]}), flush=True)
+
+
+def drop_page_cache(root: str) -> int:
+    count = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                count += 1
+            finally:
+                os.close(fd)
+    return count
+
+
+def run_child(mode: str, common: list[str]) -> dict[str, Any]:
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, *common], env=env,
+                          capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(TAG)]
+    if proc.returncode or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"{mode} run failed ({proc.returncode})")
+    result: dict[str, Any] = json.loads(lines[-1][len(TAG):])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=2,
+                        help="fresh engine processes per mode")
+    parser.add_argument("--samples", type=int, default=3,
+                        help="timed prompts per process (the 2nd on after a cache reset)")
+    parser.add_argument("--warm-cache", action="store_true")
+    parser.add_argument("--workdir")
+    parser.add_argument("--primary-bytes", type=int, default=512 << 20)
+    parser.add_argument("--io-threads", type=int, default=16,
+                        help="kvtier fs tier io_threads (vLLM's fs tier reads with 16 threads)")
+    # child-only
+    parser.add_argument("--child", dest="mode")
+    parser.add_argument("--model")
+    parser.add_argument("--vllm-dir")
+    parser.add_argument("--kvtier-dir")
+    parser.add_argument("--kvtier-config")
+    args = parser.parse_args()
+    if args.mode:
+        child(args)
+        return
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="vllm-ttft-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "model"
+    if not (model / "config.json").exists():
+        heads = args.hidden // args.head_dim
+        subprocess.run([sys.executable, str(HERE.parent / "tests" / "make_tiny_llama.py"),
+                        str(model), "--layers", str(args.layers), "--hidden", str(args.hidden),
+                        "--heads", str(heads), "--kv-heads", str(args.kv_heads),
+                        "--head-dim", str(args.head_dim), "--vocab", "32000",
+                        "--init-range", "0.02"], check=True, capture_output=True)
+    vllm_dir, kvtier_dir = work / "vllm-fs", work / "kvtier-fs"
+    config = work / "tiers.yaml"
+    config.write_text(
+        f"chain:\n  - name: ram\n    backend: host\n    capacity: {args.primary_bytes}\n"
+        f"  - name: disk\n    backend: fs\n    url: {kvtier_dir}\n"
+        f"    io_threads: {args.io_threads}\n"
+    )
+    common = ["--model", str(model), "--tokens", str(args.tokens),
+              "--primary-bytes", str(args.primary_bytes), "--vllm-dir", str(vllm_dir),
+              "--kvtier-dir", str(kvtier_dir), "--kvtier-config", str(config),
+              "--samples", str(args.samples)] + (["--warm-cache"] if args.warm_cache else [])
+
+    stored = run_child("store", common)
+    runs: dict[str, list[dict[str, Any]]] = {"recompute": [], "vllm-fs": [], "kvtier-fs": []}
+    for _ in range(args.processes):  # interleaved, so drifting machine load hits all alike
+        for mode, root in (("recompute", None), ("vllm-fs", vllm_dir), ("kvtier-fs", kvtier_dir)):
+            if root is not None and not args.warm_cache:
+                drop_page_cache(str(root))
+            runs[mode].append(run_child(mode, common))
+
+    def figures(mode: str) -> tuple[float, float, float, list[float], list[int]]:
+        ttfts = [t for r in runs[mode] for t in r["ttft_s"]]
+        fresh = [r["ttft_s"][0] for r in runs[mode]]
+        cached = sorted({c for r in runs[mode] for c in r["cached_tokens"]})
+        return statistics.median(ttfts), min(ttfts), statistics.median(fresh), ttfts, cached
+
+    base = figures("recompute")[0]
+    print(f"\nTTFT of a {args.tokens}-token prompt; random Llama, {args.layers} layers, hidden "
+          f"{args.hidden}, head_dim {args.head_dim}, {args.kv_heads} KV heads, fp32; vLLM "
+          f"{_vllm_version()} CPU; {args.processes} fresh processes x {args.samples} prompts "
+          f"per mode; page cache {'warm' if args.warm_cache else 'dropped before every hit'}")
+    print(f"{'mode':<11}{'median s':>10}{'min s':>8}{'fresh-process median s':>24}"
+          f"{'speed-up':>10}  cached tokens")
+    tokens = {r["token"] for rs in runs.values() for r in rs} | {stored["token"]}
+    for mode in runs:
+        median, low, fresh, _, cached = figures(mode)
+        print(f"{mode:<11}{median:>10.3f}{low:>8.3f}{fresh:>24.3f}{base / median:>9.1f}x"
+              f"  {cached}")
+    print(f"first token identical in every run: {len(tokens) == 1}")
+    print(TAG + json.dumps({"runs": runs, "store": stored}))
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
+if __name__ == "__main__":
+    main()

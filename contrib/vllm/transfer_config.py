@@ -1,0 +1,229 @@
+"""From a kvtier YAML to vLLM's ``kv_transfer_config``; no vLLM import needed.
+
+:func:`kv_transfer_config` builds the dict, :func:`complete_extra_config`
+fills what a short hand-written config leaves out (the spec calls it inside
+vLLM), and ``vllm_args_command`` (``kvtier vllm-args tiers.yaml``) prints
+both the command-line flag and the Python equivalent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pprint
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from kvtier.config import ChainConfig, load_config
+from kvtier.spec import ConfigError, KvtierError
+
+__all__ = [
+    "DEFAULT_PRIMARY_BYTES",
+    "SPEC_MODULE",
+    "SPEC_NAME",
+    "TIER_MODULE",
+    "TIER_TYPE",
+    "complete_extra_config",
+    "kv_transfer_config",
+    "primary_settings",
+    "secondary_chain_config",
+    "vllm_args_command",
+]
+
+SPEC_NAME = "KvtierOffloadingSpec"
+SPEC_MODULE = "kvtier.contrib.vllm.spec"
+TIER_TYPE = "KvtierTier"
+TIER_MODULE = "kvtier.contrib.vllm.tier"
+
+#: Size of vLLM's CPU (primary) tier when the chain does not start with a
+#: ``host`` tier and ``cpu_bytes_to_use`` is not given.
+DEFAULT_PRIMARY_BYTES = 1 << 30
+
+#: vLLM's built-in primary-tier eviction policies, by kvtier host ``eviction``.
+_EVICTION = {"lru": "lru", "arc": "arc"}
+
+
+def _load(config: str | os.PathLike[str] | ChainConfig) -> ChainConfig:
+    return config if isinstance(config, ChainConfig) else load_config(config)
+
+
+def primary_settings(config: str | os.PathLike[str] | ChainConfig) -> dict[str, Any]:
+    """``cpu_bytes_to_use`` (and ``eviction_policy``) for vLLM's CPU tier.
+
+    A chain that starts with a ``host`` tier gives its capacity (and its
+    eviction policy) to vLLM's CPU tier, which then *is* that RAM tier; the
+    chain the secondary tier opens skips it (:func:`secondary_chain_config`),
+    so no block is held twice in RAM.  Otherwise the CPU tier gets
+    :data:`DEFAULT_PRIMARY_BYTES`.
+    """
+    chain = _load(config)
+    first = chain.tiers[0]
+    if first.backend != "host":
+        return {"cpu_bytes_to_use": DEFAULT_PRIMARY_BYTES}
+    out: dict[str, Any] = {"cpu_bytes_to_use": int(first.options["capacity"])}
+    eviction = _EVICTION.get(str(first.options.get("eviction") or "lru"))
+    if eviction is not None:
+        out["eviction_policy"] = eviction
+    return out
+
+
+def secondary_chain_config(
+    config: str | os.PathLike[str] | ChainConfig, *, keep_host_tier: bool = False
+) -> ChainConfig:
+    """The chain behind vLLM's secondary tier: the YAML's, less a leading ``host`` tier.
+
+    ``keep_host_tier=True`` keeps it (a second RAM copy of every block, in
+    the scheduler process, on top of vLLM's CPU tier).
+    """
+    chain = _load(config)
+    if keep_host_tier or chain.tiers[0].backend != "host":
+        return chain
+    rest = chain.tiers[1:]
+    if not rest:
+        raise ConfigError(
+            "the chain holds only a host tier, and vLLM's CPU tier takes its place; "
+            "add a tier below it (fs, object, ...) for vLLM to offload to",
+            where=chain.source,
+            key="chain",
+        )
+    return ChainConfig(tiers=rest, metrics=chain.metrics, source=chain.source)
+
+
+def _is_kvtier_tier(entry: Any) -> bool:
+    return isinstance(entry, Mapping) and entry.get("type") == TIER_TYPE
+
+
+def complete_extra_config(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``kv_connector_extra_config`` with what ``kvtier_config`` implies filled in.
+
+    Given ``kvtier_config`` (a YAML path), adds a ``secondary_tiers`` entry for
+    :data:`TIER_TYPE` if there is none, and ``cpu_bytes_to_use`` /
+    ``eviction_policy`` from :func:`primary_settings` where not given; a
+    listed :data:`TIER_TYPE` entry without ``config`` gets that path, and one
+    with a ``config`` supplies the YAML when ``kvtier_config`` is absent.
+    Explicit keys always win.  Without any kvtier YAML the settings are
+    vLLM's own (the spec then only adds CPU support).  Returns a new dict.
+    """
+    out = dict(extra)
+    tiers = [dict(t) if isinstance(t, Mapping) else t for t in out.get("secondary_tiers") or []]
+    ours = [t for t in tiers if _is_kvtier_tier(t)]
+    path = out.get("kvtier_config")
+    if path is None:
+        path = next((t["config"] for t in ours if t.get("config")), None)
+    if path is None:
+        if ours:
+            raise ConfigError(
+                f"a secondary tier of type {TIER_TYPE!r} needs 'config' (the path of a "
+                "kvtier YAML), or kv_connector_extra_config needs 'kvtier_config'"
+            )
+        return out
+    path = os.fspath(path)
+    if not ours:
+        tiers.append({"type": TIER_TYPE, "module_path": TIER_MODULE, "config": path})
+    for tier in ours:
+        tier.setdefault("module_path", TIER_MODULE)
+        tier.setdefault("config", path)
+    out["secondary_tiers"] = tiers
+    if "cpu_bytes_to_use" not in out or "eviction_policy" not in out:
+        for key, value in primary_settings(path).items():
+            out.setdefault(key, value)
+    return out
+
+
+def kv_transfer_config(
+    path: str | os.PathLike[str],
+    *,
+    cpu_bytes_to_use: int | None = None,
+    namespace_extra: Mapping[str, str] | None = None,
+    model_name: str | None = None,
+) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` (as a dict) that offloads to the chain in ``path``.
+
+    The YAML is validated here; its path is made absolute so the engine may
+    run from another directory.  Use it as ``KVTransferConfig(**result)`` or
+    ``--kv-transfer-config "$(json)"``.
+    """
+    absolute = os.path.abspath(os.fspath(path))
+    chain = load_config(absolute)
+    secondary_chain_config(chain)  # refuse a host-only chain now, not in the engine
+    tier: dict[str, Any] = {"type": TIER_TYPE, "module_path": TIER_MODULE, "config": absolute}
+    if namespace_extra:
+        tier["namespace_extra"] = {str(k): str(v) for k, v in namespace_extra.items()}
+    if model_name:
+        tier["model_name"] = model_name
+    extra: dict[str, Any] = {
+        "spec_name": SPEC_NAME,
+        "spec_module_path": SPEC_MODULE,
+        "kvtier_config": absolute,
+        **primary_settings(chain),
+        "secondary_tiers": [tier],
+    }
+    if cpu_bytes_to_use is not None:
+        extra["cpu_bytes_to_use"] = int(cpu_bytes_to_use)
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def _python_literal(config: Mapping[str, Any]) -> str:
+    extra = pprint.pformat(dict(config["kv_connector_extra_config"]), sort_dicts=False, width=88)
+    body = "\n    ".join(extra.splitlines())
+    return (
+        "from vllm.config import KVTransferConfig\n\n"
+        "kv_transfer_config = KVTransferConfig(\n"
+        f"    kv_connector={config['kv_connector']!r},\n"
+        f"    kv_role={config['kv_role']!r},\n"
+        f"    kv_connector_extra_config={body},\n"
+        ")"
+    )
+
+
+@click.command("vllm-args")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["both", "json", "python"]),
+    default="both",
+    show_default=True,
+    help="json: only the --kv-transfer-config value; python: only the KVTransferConfig code.",
+)
+@click.option(
+    "--cpu-bytes",
+    type=int,
+    default=None,
+    help="Size vLLM's CPU tier explicitly (default: the chain's leading host tier).",
+)
+@click.option(
+    "--model-name",
+    default=None,
+    help="The model's identity for stored blocks (default: the model name vLLM is given).",
+)
+def vllm_args_command(file: str, fmt: str, cpu_bytes: int | None, model_name: str | None) -> None:
+    """Print the vLLM settings that offload KV cache to the chain in FILE.
+
+    A leading host tier sizes vLLM's own CPU tier instead of becoming a second
+    copy in RAM; the tiers below it become one vLLM secondary tier.
+    """
+    try:
+        config = kv_transfer_config(file, cpu_bytes_to_use=cpu_bytes, model_name=model_name)
+    except KvtierError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    flag = json.dumps(config, separators=(",", ":"))
+    if fmt == "json":
+        click.echo(flag)
+        return
+    if fmt == "python":
+        click.echo(_python_literal(config))
+        return
+    click.echo("# vllm serve MODEL ... with:")
+    click.echo(f"--kv-transfer-config '{flag}'")
+    click.echo("")
+    click.echo("# or, in Python:")
+    click.echo(_python_literal(config))

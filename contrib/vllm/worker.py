@@ -1,0 +1,168 @@
+"""Copies between the engine's KV cache and vLLM's shared host region, on the CPU.
+
+vLLM's own offloading worker drives CUDA/XPU copy engines and refuses other
+devices.  On vLLM's CPU platform the engine's KV cache is ordinary memory, so
+:class:`HostCopyWorker` copies with torch indexing, synchronously, inside
+``submit_store``/``submit_load`` (the model has finished writing a block
+before the connector offers it for storing: CPU execution is synchronous).
+
+It writes into the strided per-worker views of the same
+:class:`SharedOffloadRegion` file the scheduler maps; the secondary tiers
+read that file through ``primary_kv_view``, so a private buffer would leave
+them blind.
+
+Supported: several KV-cache groups, ``blocks_per_chunk > 1`` (a chunk's
+first/last engine block may be partial, as in vLLM's worker), tensors with
+padded pages.  Not supported: vLLM's ``canonical_layout`` (refused by the
+spec with a clear error).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._compat import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+__all__ = ["HostCopyWorker"]
+
+
+def _engine_view(tensor: torch.Tensor, page_size: int) -> torch.Tensor:
+    """A 2-D int8 ``(num_blocks, page)`` view of one engine KV tensor."""
+    if tensor.dtype == torch.int8 and tensor.ndim == 2:
+        return tensor
+    return tensor.view(torch.int8).view(-1, page_size)
+
+
+def _runs(blocks: np.ndarray, slots: np.ndarray, bpc: int) -> list[tuple[int, int, int, int]]:
+    """``(first block, chunk, position in chunk, count)`` for each stretch of blocks
+    that are consecutive both in the engine and in the host region.
+
+    One ``copy_`` per stretch instead of one indexed copy per block: torch's
+    indexed copy of int8 pages moves a byte at a time, several times slower
+    than a strided memcpy.
+    """
+    if not len(blocks):
+        return []
+    cut = (np.diff(blocks) != 1) | (np.diff(slots) != 1)
+    if bpc > 1:  # a stretch stays within one chunk
+        cut |= np.diff(slots // bpc) != 0
+    starts = np.concatenate(([0], np.flatnonzero(cut) + 1))
+    ends = np.concatenate((starts[1:], [len(blocks)]))
+    return [
+        (int(blocks[s]), int(slots[s]) // bpc, int(slots[s]) % bpc, int(e - s))
+        for s, e in zip(starts, ends)
+    ]
+
+
+class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
+    """An ``OffloadingWorker`` for vLLM's CPU platform (see the module docstring)."""
+
+    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, region: Any) -> None:
+        if blocks_per_chunk < 1:
+            raise ValueError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
+        self._bpc = blocks_per_chunk
+        self._region = region
+        self._refs = [list(group) for group in kv_caches.group_data_refs]
+        self._engine: list[torch.Tensor] = []
+        # per tensor: (num_chunks, blocks_per_chunk, page) view into this worker's slot
+        self._host: list[torch.Tensor] = []
+        for t in kv_caches.tensors:
+            engine = _engine_view(t.tensor, t.page_size_bytes)
+            page = int(engine.shape[1])
+            host = region.create_next_worker_view(page * blocks_per_chunk)
+            self._engine.append(engine)
+            self._host.append(host.unflatten(1, (blocks_per_chunk, page)))
+        self._done: list[TransferResult] = []
+
+    # OffloadingWorker --------------------------------------------------------
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
+        return self._transfer(job_id, src_spec, dst_spec, to_host=True)
+
+    def submit_load(
+        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec
+    ) -> bool:
+        return self._transfer(job_id, dst_spec, src_spec, to_host=False)
+
+    def get_finished(self) -> list[TransferResult]:
+        done, self._done = self._done, []
+        return done
+
+    def wait(self, job_ids: set[int]) -> None:
+        return None  # every copy finished inside its submit call
+
+    def shutdown(self) -> None:
+        self._engine.clear()
+        self._host.clear()
+        region, self._region = self._region, None
+        if region is not None:
+            region.cleanup()
+
+    # copying -------------------------------------------------------------------
+    def _transfer(self, job_id: int, engine_spec: Any, host_spec: Any, *, to_host: bool) -> bool:
+        start = time.perf_counter()
+        engine_ids = np.asarray(engine_spec.block_ids, dtype=np.int64)
+        chunk_ids = np.asarray(host_spec.block_ids, dtype=np.int64)
+        group_sizes = list(getattr(engine_spec, "group_sizes", None) or [len(engine_ids)])
+        block_indices = list(getattr(engine_spec, "block_indices", None) or [0] * len(group_sizes))
+        if len(group_sizes) != len(self._refs):
+            raise ValueError(
+                f"transfer names {len(group_sizes)} KV-cache group(s), the worker has "
+                f"{len(self._refs)}"
+            )
+        bpc = self._bpc
+        engine_pos = chunk_pos = 0
+        nbytes = 0
+        for refs, size, first_block in zip(self._refs, group_sizes, block_indices):
+            if not size:
+                continue
+            # A chunk holds bpc engine blocks; a group's run of blocks may start
+            # part-way into its first chunk (first_block % bpc blocks in).
+            skip = int(first_block) % bpc
+            num_chunks = -(-(size + skip) // bpc)
+            group_engine = engine_ids[engine_pos : engine_pos + size]
+            group_chunks = chunk_ids[chunk_pos : chunk_pos + num_chunks]
+            if len(group_engine) != size or len(group_chunks) != num_chunks:
+                raise ValueError("transfer spec lists fewer blocks than its group sizes say")
+            # slot = chunk * bpc + position of the block in its chunk
+            slots = (group_chunks[:, None] * bpc + np.arange(bpc)).ravel()[skip : skip + size]
+            runs = _runs(group_engine, slots, bpc)
+            for ref in refs:
+                engine = self._engine[ref.tensor_idx]
+                host = self._host[ref.tensor_idx]
+                n = int(ref.page_size_bytes)
+                for block, chunk, part, count in runs:
+                    e = engine[block : block + count, :n]
+                    if bpc == 1:  # consecutive chunks: one strided copy
+                        h = host[chunk : chunk + count, 0, :n]
+                    else:  # consecutive blocks of one chunk
+                        h = host[chunk, part : part + count, :n]
+                    if to_host:
+                        h.copy_(e)
+                    else:
+                        e.copy_(h)
+                nbytes += size * n
+            engine_pos += size
+            chunk_pos += num_chunks
+        if engine_pos != len(engine_ids) or chunk_pos != len(chunk_ids):
+            raise ValueError("transfer spec lists more blocks than its group sizes say")
+        self._done.append(
+            TransferResult(
+                job_id=job_id,
+                success=True,
+                transfer_size=nbytes,
+                transfer_time=time.perf_counter() - start,
+            )
+        )
+        return True

@@ -1,0 +1,124 @@
+"""Group ``lifecycle``: options, capabilities, namespaces, and what close means."""
+
+from __future__ import annotations
+
+import secrets
+import typing
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from kvtier.registry import BackendHandle
+from kvtier.spec import Capabilities, ClosedError, Option, OptionType, PluginError
+
+from .base import KitBase
+from .data import block_for, key_of
+
+__all__ = ["LifecycleTests"]
+
+group = pytest.mark.kvtier_group("lifecycle")
+
+_KEY = b"kit/closed"
+_OPTION_TYPES = frozenset(typing.get_args(OptionType))
+
+
+def _view() -> list[memoryview]:
+    return [memoryview(bytearray(4))]
+
+
+#: Each hook called on a closed instance; ``kvtier_options`` is left out on
+#: purpose: it is introspection that kvtier calls on instances that were never
+#: opened, and answering it needs no open store.
+AFTER_CLOSE: dict[str, Callable[[BackendHandle, KitBase], object]] = {
+    "kvtier_open": lambda h, kit: h.open(kit.options, kit.namespace),
+    "kvtier_capabilities": lambda h, kit: h.capabilities(),
+    "kvtier_stats": lambda h, kit: h.stats(),
+    "kvtier_put": lambda h, kit: h.put([_KEY], [b"x"], []),
+    "kvtier_put_parts": lambda h, kit: h.put_parts([_KEY], [[b"x"]], []),
+    "kvtier_get": lambda h, kit: h.get([_KEY]),
+    "kvtier_get_into": lambda h, kit: h.get_into([_KEY], [_view()]),
+    "kvtier_lookup": lambda h, kit: h.lookup([_KEY]),
+    "kvtier_evict": lambda h, kit: h.evict([_KEY]),
+    "kvtier_tamper": lambda h, kit: h.tamper(_KEY, lambda b: b),
+}
+
+
+class LifecycleTests(KitBase):
+    """Runs for every backend."""
+
+    @group
+    def test_close_is_idempotent(self) -> None:
+        handle = self.store.handle
+        self.store.close()
+        handle.close()  # a second close does nothing, and does not raise
+        handle.close()
+
+    @group
+    @pytest.mark.parametrize("hook", list(AFTER_CLOSE))
+    def test_hook_after_close_raises_closed_error(self, hook: str) -> None:
+        handle = self.store.handle
+        if not hasattr(type(handle.instance), hook):
+            pytest.skip(f"backend {self.backend!r} does not implement {hook}")
+        key = key_of("closing", 0)
+        assert self.store.put([key], [block_for(key, 10)]) == [True]
+        self.store.close()
+        with pytest.raises(ClosedError):
+            AFTER_CLOSE[hook](handle, self)
+
+    @group
+    def test_options_are_option_values(self) -> None:
+        declared = self.store.handle.options()
+        assert isinstance(declared, Mapping), f"kvtier_options answered {type(declared).__name__}"
+        for name, option in declared.items():
+            assert isinstance(name, str), f"option name {name!r} is not a string"
+            assert isinstance(option, Option), (
+                f"option {name!r} is a {type(option).__name__}, not kvtier.spec.Option"
+            )
+            assert option.type in _OPTION_TYPES, f"option {name!r} has unknown type {option.type!r}"
+            assert option.help, f"option {name!r} has no help text"
+        # kvtier asks fresh, never opened instances (config validate, kvtier backends)
+        fresh = self.new_backend().handle.options()
+        assert set(fresh) == set(declared), "kvtier_options differs before and after open"
+
+    @group
+    def test_capabilities_is_a_capabilities(self) -> None:
+        try:
+            caps = self.store.handle.capabilities()
+        except PluginError as exc:
+            pytest.fail(str(exc))
+        assert isinstance(caps, Capabilities)
+        for name in ("capacity", "max_block_size"):
+            value = getattr(caps, name)
+            assert value is None or (type(value) is int and value > 0), (
+                f"Capabilities.{name} must be a positive int or None, got {value!r}"
+            )
+        reported = self.store.stats().get("capacity_bytes")
+        if reported is not None and caps.capacity is not None:
+            assert reported == caps.capacity, (
+                f"stats() capacity_bytes={reported} but Capabilities.capacity={caps.capacity}"
+            )
+
+    @group
+    def test_namespaces_are_isolated(self) -> None:
+        key = key_of("ns", 0)
+        mine = block_for(key, 500)
+        assert self.store.put([key], [mine]) == [True]
+        other = self.open_backend(secrets.token_hex(16))
+        assert other.lookup([key]) == [False], "a key of another namespace is visible"
+        assert other.get([key]) == [None], "a block of another namespace was served"
+        theirs = block_for(key + b"/other", 700)
+        assert other.put([key], [theirs]) == [True]
+        assert other.get([key]) == [theirs]
+        assert self.store.get([key]) == [mine], "another namespace's put replaced this block"
+        assert other.evict([key]) == [True]
+        assert self.store.get([key]) == [mine], "another namespace's evict removed this block"
+
+    @group
+    def test_close_then_open_a_new_instance(self) -> None:
+        key = key_of("reuse", 0)
+        assert self.store.put([key], [block_for(key, 64)]) == [True]
+        # a closed instance must release what it holds (locks, handles)
+        fresh = self.reopen()
+        other = key_of("reuse", 1)
+        assert fresh.put([other], [block_for(other, 64)]) == [True]
+        assert fresh.get([other]) == [block_for(other, 64)]

@@ -1,0 +1,237 @@
+"""Group ``put_get``: blocks come back byte for byte, in every shape the contract allows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from kvtier.spec import BytesLike
+
+from .base import KitBase
+from .data import KIB, MIB, block_for, describe, key_of
+
+__all__ = ["PutGetTests"]
+
+group = pytest.mark.kvtier_group("put_get")
+
+ROUND_TRIP_SIZES = {
+    "1B": 1,
+    "100B": 100,
+    "4KiB": 4 * KIB,
+    "1MiB": MIB,
+    "2MiB": 2 * MIB,
+    "8MiB": 8 * MIB,
+}
+
+_SHAPES: dict[str, Callable[[bytes], BytesLike]] = {
+    "bytes": bytes,
+    "bytearray": bytearray,
+    "memoryview": lambda b: memoryview(bytearray(b)),
+    "memoryview-of-bytes": memoryview,
+    "memoryview-slice": lambda b: memoryview(b"<" + b + b">")[1:-1],
+}
+
+
+class PutGetTests(KitBase):
+    """``kvtier_put``/``kvtier_get`` and their zero-copy variants."""
+
+    def _put_get_fits(self, size: int) -> None:
+        limit = self.block_limit()
+        if limit is not None and size > limit:
+            pytest.skip(f"{size} bytes exceed the backend's declared limit of {limit} bytes")
+
+    def _put_get_check(self, keys: list[bytes], expected: list[bytes | None]) -> None:
+        got = self.store.get(keys)
+        for key, want, have in zip(keys, expected, got):
+            assert have == want, f"get({key!r}) returned {describe(want, have)}"
+
+    @group
+    @pytest.mark.parametrize("size", list(ROUND_TRIP_SIZES.values()), ids=list(ROUND_TRIP_SIZES))
+    def test_round_trip(self, size: int) -> None:
+        self._put_get_fits(size)
+        key = key_of("size", size)
+        block = block_for(key, size)
+        assert self.store.put([key], [block]) == [True]
+        self._put_get_check([key], [block])
+        assert self.store.lookup([key]) == [True]
+
+    @group
+    def test_batch_with_hits_and_misses(self) -> None:
+        keys = [key_of("mixed", i) for i in range(8)]
+        stored = keys[::2]
+        blocks = [block_for(k, 1000 + i) for i, k in enumerate(stored)]
+        assert self.store.put(stored, blocks) == [True] * len(stored)
+        expected: list[bytes | None] = [None] * len(keys)
+        for i, block in enumerate(blocks):
+            expected[2 * i] = block
+        order = [7, 0, 3, 2, 5, 4, 1, 6]  # out of put order: answers must follow the request
+        self._put_get_check([keys[i] for i in order], [expected[i] for i in order])
+        assert self.store.lookup(keys) == [b is not None for b in expected]
+
+    @group
+    def test_repeated_key_in_one_put(self) -> None:
+        key, other = key_of("dup-put", 0), key_of("dup-put", 1)
+        block, other_block = block_for(key, 300), block_for(other, 200)
+        assert self.store.put([key, other, key], [block, other_block, block]) == [True] * 3
+        self._put_get_check([key, other], [block, other_block])
+
+    @group
+    def test_repeated_key_in_one_get(self) -> None:
+        key, missing = key_of("dup-get", 0), key_of("dup-get", 1)
+        block = block_for(key, 500)
+        assert self.store.put([key], [block]) == [True]
+        self._put_get_check([key, missing, key, missing, key], [block, None, block, None, block])
+        assert self.store.lookup([key, key, missing, missing]) == [True, True, False, False]
+
+    @group
+    def test_put_of_a_stored_key_answers_true(self) -> None:
+        key = key_of("again", 0)
+        block = block_for(key, 700)
+        assert self.store.put([key], [block]) == [True]
+        assert self.store.put([key], [block]) == [True], "a stored key must answer True again"
+        self._put_get_check([key], [block])
+
+    @group
+    def test_empty_batches(self) -> None:
+        store = self.store
+        assert store.put([], []) == []
+        assert store.get([]) == []
+        assert store.lookup([]) == []
+        assert store.evict([]) == []
+        if store.handle.has_put_parts:
+            assert store.put_parts([], []) == []
+        if store.handle.has_get_into:
+            assert store.get_into([], []) == []
+
+    @group
+    @pytest.mark.parametrize(
+        "key",
+        [b"\x00", b"/", b".", b"\xff", b"k" * 64, bytes(range(64)), b"../" * 21 + b"x"],
+        ids=["nul", "slash", "dot", "ff", "64-letters", "64-binary", "64-dotdot"],
+    )
+    def test_key_lengths_and_bytes(self, key: bytes) -> None:
+        block = block_for(key, 333)
+        other = key[:-1] + bytes([key[-1] ^ 1])  # differs in the last byte only
+        assert self.store.put([key], [block]) == [True]
+        self._put_get_check([key, other], [block, None])
+        assert self.store.lookup([key, other]) == [True, False]
+
+    @group
+    @pytest.mark.parametrize("shape", list(_SHAPES))
+    def test_put_accepts_bytes_like(self, shape: str) -> None:
+        key = key_of(f"shape-{shape}", 0)
+        block = block_for(key, 4 * KIB + 1)
+        assert self.store.put([key], [_SHAPES[shape](block)]) == [True]
+        self._put_get_check([key], [block])
+
+    @group
+    def test_put_copies_the_callers_buffer(self) -> None:
+        keys = [key_of("copy", i) for i in range(2)]
+        blocks = [block_for(k, 4 * KIB) for k in keys]
+        owned = bytearray(blocks[0])
+        backing = bytearray(blocks[1])
+        assert self.store.put(keys, [owned, memoryview(backing)]) == [True, True]
+        # the caller reuses its buffers as soon as put returns
+        owned[:] = b"\xaa" * len(owned)
+        backing[:] = b"\x55" * len(backing)
+        self._put_get_check(keys, list(blocks))
+
+    @group
+    def test_returned_blocks_never_change(self) -> None:
+        keys = [key_of("keep", i) for i in range(3)]
+        blocks = [block_for(k, 2 * KIB) for k in keys]
+        assert self.store.put(keys, blocks) == [True] * 3
+        kept = self.store.get_raw(keys)
+        # the caller may keep what get returned; later calls must not touch it
+        self.store.evict(keys[:1])
+        later = [key_of("keep", 10 + i) for i in range(3)]
+        self.store.put(later, [block_for(k, 2 * KIB) for k in later])
+        self.store.get(keys + later)
+        for key, want, have in zip(keys, blocks, kept):
+            assert have is not None and bytes(have) == want, (
+                f"the block returned for {key!r} changed after later calls"
+            )
+
+    @group
+    def test_put_parts_equals_put(self) -> None:
+        if not self.store.handle.has_put_parts:
+            pytest.skip(f"backend {self.backend!r} does not implement kvtier_put_parts")
+        keys = [key_of("parts", i) for i in range(4)]
+        blocks = [block_for(k, size) for k, size in zip(keys, (1, 100, 70_001, 4 * KIB))]
+        parts: list[list[BytesLike]] = [
+            [blocks[0]],
+            [blocks[1][:10], b"", bytearray(blocks[1][10:])],
+            [
+                memoryview(blocks[2])[:5],
+                blocks[2][5:40_000],
+                memoryview(bytearray(blocks[2][40_000:])),
+            ],
+            [blocks[3][:1], blocks[3][1:2], blocks[3][2:]],
+        ]
+        assert self.store.put_parts(keys, parts) == [True] * 4
+        self._put_get_check(keys, list(blocks))
+        # a key already stored through put answers True through put_parts too
+        assert self.store.put_parts(keys[:1], [[blocks[0]]]) == [True]
+
+    @group
+    def test_put_parts_copies_the_callers_buffers(self) -> None:
+        if not self.store.handle.has_put_parts:
+            pytest.skip(f"backend {self.backend!r} does not implement kvtier_put_parts")
+        key = key_of("parts-copy", 0)
+        block = block_for(key, 8 * KIB)
+        head, tail = bytearray(block[:100]), bytearray(block[100:])
+        assert self.store.put_parts([key], [[head, memoryview(tail)]]) == [True]
+        head[:] = bytes(len(head))
+        tail[:] = bytes(len(tail))
+        self._put_get_check([key], [block])
+
+    @group
+    def test_get_into(self) -> None:
+        if not self.store.handle.has_get_into:
+            pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
+        keys = [key_of("into", i) for i in range(3)]
+        blocks = [block_for(k, size) for k, size in zip(keys, (1, 5000, 70_001))]
+        assert self.store.put(keys, blocks) == [True] * 3
+        missing = key_of("into", 99)
+        # exact sizes, split across several buffers; one wrong size; one miss
+        outs = [bytearray(1), bytearray(5000), bytearray(70_001)]
+        scatter = [
+            [memoryview(outs[0])],
+            [memoryview(outs[1])[:1], memoryview(outs[1])[1:4096], memoryview(outs[1])[4096:]],
+            [memoryview(outs[2])[:3], memoryview(outs[2])[3:]],
+        ]
+        short = bytearray(4999)
+        sizes = self.store.get_into(
+            [*keys, keys[1], missing],
+            [*scatter, [memoryview(short)], [memoryview(bytearray(10))]],
+        )
+        assert sizes == [1, 5000, 70_001, 5000, None], (
+            "get_into must answer the stored size for a hit (whatever the buffers' size) "
+            "and None for a miss"
+        )
+        for key, want, have in zip(keys, blocks, outs):
+            assert bytes(have) == want, f"get_into({key!r}) filled {describe(want, bytes(have))}"
+
+    @group
+    def test_get_into_repeated_key(self) -> None:
+        if not self.store.handle.has_get_into:
+            pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
+        key = key_of("into-dup", 0)
+        block = block_for(key, 3000)
+        assert self.store.put([key], [block]) == [True]
+        outs = [bytearray(3000), bytearray(3000)]
+        assert self.store.get_into([key, key], [[memoryview(o)] for o in outs]) == [3000, 3000]
+        assert [bytes(o) for o in outs] == [block, block]
+
+    @group
+    def test_refuses_blocks_over_max_block_size(self) -> None:
+        limit = self.caps.max_block_size
+        if limit is None:
+            pytest.skip(f"backend {self.backend!r} declares no max_block_size")
+        if limit > 256 * MIB:
+            pytest.skip(f"max_block_size {limit} is too large for the kit to allocate")
+        small, large = key_of("max", 0), key_of("max", 1)
+        flags = self.store.put([small, large], [block_for(small, 10), bytes(limit + 1)])
+        assert flags == [True, False], "a block over max_block_size must be refused (False)"
+        self._put_get_check([small, large], [block_for(small, 10), None])
