@@ -77,12 +77,16 @@ class Tier:
         self.stats = TierStats()
         self.health = _Health()
         self.capabilities = Capabilities()
+        self._serial: threading.Lock | None = None
         self._closed = False
 
     # lifecycle ----------------------------------------------------------------
     def open(self) -> None:
         self.handle.open(self.config.options, self.namespace.hex)
         self.capabilities = self.handle.capabilities()
+        if not self.capabilities.thread_safe:
+            # the contract promises such backends one call at a time
+            self._serial = threading.Lock()
 
     def close(self) -> None:
         if not self._closed:
@@ -101,7 +105,11 @@ class Tier:
             return None
         try:
             with self.stats.timed(op):
-                result = fn()
+                if self._serial is None:
+                    result = fn()
+                else:
+                    with self._serial:
+                        result = fn()
             if not isinstance(result, Sequence) or len(result) != n:
                 raise ContractError(
                     f"{op} returned {type(result).__name__} of length "

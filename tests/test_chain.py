@@ -13,7 +13,7 @@ import pytest
 import kvtier
 from kvtier import Namespace, open_chain
 from kvtier.registry import BackendRegistry
-from kvtier.spec import BackendError, ClosedError, hookimpl
+from kvtier.spec import BackendError, Capabilities, ClosedError, hookimpl
 
 NS = Namespace("chain-test", dtype="bfloat16", tokens_per_block=32)
 BLOCK = 4096
@@ -356,3 +356,44 @@ def test_blobs_move_between_chains_of_one_namespace(tmp_path: Path) -> None:
         assert chain.put_blobs([key(0)], [blobs[0]]) == [False]  # type: ignore[list-item]
     with pytest.raises(ValueError, match="32 lowercase hex"):
         Namespace.from_hex("zz")
+
+
+class OneAtATime(Switchable):
+    """Declares thread_safe=False and records whether two calls ever overlapped."""
+
+    active = 0
+    overlaps = 0
+    guard = threading.Lock()
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        return Capabilities(thread_safe=False)
+
+    def _check(self) -> None:
+        cls = OneAtATime
+        with cls.guard:
+            cls.active += 1
+            if cls.active > 1:
+                cls.overlaps += 1
+        time.sleep(0.0005)  # widen the window an overlap would need
+        with cls.guard:
+            cls.active -= 1
+
+
+def test_backends_that_are_not_thread_safe_get_one_call_at_a_time() -> None:
+    registry = BackendRegistry()
+    registry.register("serial", OneAtATime)
+    cfg = {"chain": [{"name": "s", "backend": "serial"}]}
+    with open_chain(cfg, namespace=NS, registry=registry) as chain:
+
+        def worker(base: int) -> None:
+            for i in range(40):
+                chain.put([key(base + i)], [block(base + i)])
+                assert read(chain, [key(base + i)]) == [block(base + i)]
+
+        threads = [threading.Thread(target=worker, args=(n * 100,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert OneAtATime.overlaps == 0
