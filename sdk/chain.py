@@ -143,6 +143,9 @@ class Chain:
         self._job_futures: dict[int, Future[None]] = {}
         self._done: list[JobResult] = []
         self._lock = threading.Lock()
+        # blocks on their way down to a write-back tier: still readable meanwhile
+        self._demoting: dict[bytes, tuple[int, BytesLike]] = {}
+        self._demoting_lock = threading.Lock()
         self._closing = False  # no new jobs; running ones finish
         self._closed = False
         self._reporter: MetricsReporter | None = None
@@ -212,6 +215,9 @@ class Chain:
             return
         below = index + 1
         if below < len(self.tiers) and self.tiers[below].config.write == "back":
+            with self._demoting_lock:
+                for key, blob in evicted:
+                    self._demoting[key] = (below, blob)
             self._submit_write(below, [k for k, _ in evicted], [b for _, b in evicted], "demote")
 
     def _submit_write(
@@ -253,7 +259,52 @@ class Chain:
         except Exception:  # a bug here must not kill the worker silently
             log.exception("kvtier: asynchronous %s write to tier %r failed", kind, tier.name)
         finally:
+            if kind == "demote":
+                with self._demoting_lock:
+                    for key, blob in zip(keys, blobs):
+                        if self._demoting.get(key, (index, None))[1] is blob:
+                            del self._demoting[key]
             self._write_done(index, nbytes)
+
+    def _demotions_of(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, BytesLike]]:
+        """Pending demotions of ``keys``, taken before a read looks at the tiers.
+
+        A demotion that lands while the read walks the tiers has left this
+        map by the time the walk ends; the copy taken first still has it.
+        """
+        with self._demoting_lock:
+            if not self._demoting:
+                return {}
+            return {k: self._demoting[k] for k in keys if k in self._demoting}
+
+    def _pending_demotion(
+        self, key: bytes, early: dict[bytes, tuple[int, BytesLike]]
+    ) -> tuple[int, BytesLike] | None:
+        with self._demoting_lock:
+            return self._demoting.get(key) or early.get(key)
+
+    def _read_demoting(
+        self, key: bytes, out: memoryview | None, early: dict[bytes, tuple[int, BytesLike]]
+    ) -> bytes | bool:
+        """Serve a block evicted from a tier whose demotion has not landed yet."""
+        pending = self._pending_demotion(key, early)
+        if pending is None:
+            return False
+        index, blob = pending
+        tier = self.tiers[index]
+        try:
+            if out is None:
+                raw_len = blockformat.parse_header(blob, self._ns, key).raw_len
+                buffer = bytearray(raw_len)
+                blockformat.decode_into(blob, self._ns, key, memoryview(buffer), verify=tier.verify)
+                tier.stats.add(hits=1, bytes_out=raw_len)
+                return bytes(buffer)
+            blockformat.decode_into(blob, self._ns, key, out, verify=tier.verify)
+        except blockformat.CorruptBlockError:
+            tier.stats.add(corrupt=1)
+            return False
+        tier.stats.add(hits=1, bytes_out=out.nbytes)
+        return True
 
     def _write_done(self, index: int, nbytes: int) -> None:
         self._backlogs[index].release(nbytes)
@@ -277,6 +328,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
+        early = self._demotions_of(keys)
         outs = _writable(out, len(keys))
         found = [False] * len(keys)
         remaining = list(range(len(keys)))
@@ -290,6 +342,8 @@ class Chain:
             if hits and index:
                 self._promote(index, [keys[i] for i in hits], [outs[i] for i in hits])
             remaining = [i for i, flag in zip(remaining, flags) if not flag]
+        for i in remaining:
+            found[i] = self._read_demoting(keys[i], outs[i], early) is True
         return found
 
     def get_bytes(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -300,6 +354,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
+        early = self._demotions_of(keys)
         found: list[bytes | None] = [None] * len(keys)
         remaining = list(range(len(keys)))
         for index, tier in enumerate(self.tiers):
@@ -312,6 +367,9 @@ class Chain:
             if hits and index:
                 self._promote(index, [keys[i] for i, _ in hits], [memoryview(p) for _, p in hits])
             remaining = [i for i, p in zip(remaining, payloads) if p is None]
+        for i in remaining:
+            pending = self._read_demoting(keys[i], None, early)
+            found[i] = pending if isinstance(pending, bytes) else None
         return found
 
     def get_blobs(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
@@ -321,6 +379,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
+        early = self._demotions_of(keys)
         found: list[BytesLike | None] = [None] * len(keys)
         remaining = list(range(len(keys)))
         for index, tier in enumerate(self.tiers):
@@ -341,6 +400,10 @@ class Chain:
                             "promote",
                         )
             remaining = [i for i, b in zip(remaining, blobs) if b is None]
+        for i in remaining:
+            pending = self._pending_demotion(keys[i], early)
+            if pending is not None:
+                found[i] = pending[1]
         return found
 
     def put_blobs(self, keys: Sequence[bytes], blobs: Sequence[BytesLike]) -> list[bool]:
@@ -388,6 +451,7 @@ class Chain:
         """Per key, the index of the first tier holding it, or None."""
         self._check_open()
         keys = _check_keys(keys)
+        early = self._demotions_of(keys)
         where: list[int | None] = [None] * len(keys)
         remaining = list(range(len(keys)))
         for index, tier in enumerate(self.tiers):
@@ -398,6 +462,10 @@ class Chain:
                 if flag:
                     where[i] = index
             remaining = [i for i, flag in zip(remaining, flags) if not flag]
+        for i in remaining:
+            pending = self._pending_demotion(keys[i], early)
+            if pending is not None:
+                where[i] = pending[0]
         return where
 
     def prefix_hits(self, keys: Sequence[bytes]) -> int:

@@ -397,3 +397,18 @@ def test_backends_that_are_not_thread_safe_get_one_call_at_a_time() -> None:
         for t in threads:
             t.join()
     assert OneAtATime.overlaps == 0
+
+
+def test_blocks_being_demoted_stay_readable(tmp_path: Path) -> None:
+    """Between eviction from RAM and landing on disk, a block is still served."""
+    cfg = {"chain": [
+        {"name": "ram", "backend": "host", "capacity": 3 * BLOCK + 500},
+        {"name": "disk", "backend": "fs", "url": f"file://{tmp_path}/d", "write": "back"},
+    ]}
+    with open_chain(cfg, namespace=NS) as chain:
+        for i in range(200):
+            chain.put([key(i)], [block(i)])
+            if i >= 4:  # just pushed out of RAM, demotion possibly still queued
+                assert chain.lookup([key(i - 4)]) != [None]
+                assert read(chain, [key(i - 4)]) == [block(i - 4)]
+                assert chain.get_bytes([key(i - 4)]) == [block(i - 4)]

@@ -178,11 +178,6 @@ def test_stateful_group_catches_broken_backend(name: str, tmp_path: Path) -> Non
     assert "state = BackendMachine()" in failure["message"]
 
 
-@pytest.mark.xfail(
-    reason="Chain write-back demotes asynchronously: a block pushed out of the RAM tier "
-    "reads as a miss until its demotion lands (TestChainWriteBack settles to hide it)",
-    strict=False,
-)
 def test_chain_without_settling_reads_its_writes(tmp_path: Path) -> None:
     proc, report = conformance(
         "kit_targets:ChainBackend",
