@@ -47,7 +47,7 @@ def test_readme_tier_key_table_lists_every_tier_key() -> None:
     assert documented == set(TIER_KEYS)
 
 
-@pytest.mark.parametrize("backend", ["host", "fs", "object"])
+@pytest.mark.parametrize("backend", ["host", "fs", "object", "peer"])
 def test_readme_backend_table_lists_every_option(backend: str) -> None:
     rows = re.findall(r"^\| ?(`\w+`)? ?\| `(\w+)` \| [^|]+ \| [^|]+ \|$", README, flags=re.M)
     documented: dict[str, set[str]] = {}
