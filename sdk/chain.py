@@ -390,15 +390,12 @@ class Chain:
             for i, blob in hits:
                 found[i] = blob
             tier.stats.add(hits=len(hits), misses=len(remaining) - len(hits))
-            if hits and index:
-                for upper in range(index):
-                    if self.tiers[upper].config.promote and self.tiers[upper].healthy:
-                        self._submit_write(
-                            upper,
-                            [keys[i] for i, _ in hits],
-                            [bytes(b) for _, b in hits],
-                            "promote",
-                        )
+            targets = self._promotion_targets(index) if hits else []
+            if targets:
+                hit_keys = [keys[i] for i, _ in hits]
+                owned: list[BytesLike] = [bytes(b) for _, b in hits]  # one copy for all targets
+                for upper in targets:
+                    self._submit_write(upper, hit_keys, owned, "promote")
             remaining = [i for i, b in zip(remaining, blobs) if b is None]
         for i in remaining:
             pending = self._pending_demotion(keys[i], early)
@@ -438,14 +435,17 @@ class Chain:
             remaining = [i for i, flag in zip(remaining, flags) if not flag]
         return result
 
+    def _promotion_targets(self, source: int) -> list[int]:
+        """Tiers above ``source`` that take copies of its hits now."""
+        return [i for i in range(source) if self.tiers[i].config.promote and self.tiers[i].healthy]
+
     def _promote(self, source: int, keys: list[bytes], payloads: list[memoryview]) -> None:
-        for index in range(source):
-            tier = self.tiers[index]
-            if tier.config.promote and tier.healthy:
-                blobs: list[BytesLike] = [
-                    blockformat.encode(self._ns, k, p, tier.codec) for k, p in zip(keys, payloads)
-                ]
-                self._submit_write(index, keys, blobs, "promote")
+        for index in self._promotion_targets(source):
+            codec = self.tiers[index].codec
+            blobs: list[BytesLike] = [
+                blockformat.encode(self._ns, k, p, codec) for k, p in zip(keys, payloads)
+            ]
+            self._submit_write(index, keys, blobs, "promote")
 
     def lookup(self, keys: Sequence[bytes]) -> list[int | None]:
         """Per key, the index of the first tier holding it, or None."""
