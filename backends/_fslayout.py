@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import itertools
+import logging
+import mmap
 import os
 import re
 import secrets
@@ -28,9 +31,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from kvtier.spec import ConfigError
 
 __all__ = [
+    "DIRECT_MIN",
     "STALE_TMP_SECONDS",
     "TMP_PREFIX",
     "Entry",
@@ -58,6 +64,20 @@ STALE_TMP_SECONDS = 600.0
 _NAME_RE = re.compile(r"^((?:[0-9a-f]{2}){1,64})\.kvb$")
 _FAN_RE = re.compile(r"^[0-9a-f]{2}$")
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+#: Blocks from this size up are read with O_DIRECT when the store allows it.
+DIRECT_MIN = 256 << 10
+#: ... and up to this size: a bigger block would pin a bounce buffer that large
+#: in every I/O thread.
+_DIRECT_MAX = 64 << 20
+#: O_DIRECT wants file offset, length and memory aligned to the device's
+#: logical block; 4 KiB covers every common device.
+_ALIGN = 4096
+#: Below this, copying with the GIL held costs less than entering numpy.
+_SMALL_COPY = 64 << 10
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+log = logging.getLogger("kvtier.backends.fs")
+_bounce = threading.local()  # one aligned buffer per I/O thread
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -204,6 +224,9 @@ class Store:
 
 class LocalStore(Store):
     local = True
+    #: Smallest file :meth:`read_into` reads with O_DIRECT; 0 = never.  Set
+    #: by the backend from its ``direct_io`` option.
+    direct_min = 0
 
     def create_root(self) -> None:
         os.makedirs(self.nsroot, exist_ok=True)
@@ -295,6 +318,10 @@ class LocalStore(Store):
                 return size  # the caller falls back to get(); skip the read
             if not size:
                 return 0
+            if self.direct_min and self.direct_min <= size <= _DIRECT_MAX:
+                got = self._read_direct(fd, size, bufs)
+                if got is not None:
+                    return got
             # straight into the caller's memory: no intermediate bytes object
             offset = os.preadv(fd, bufs[:_IOV_MAX], 0)
             if offset == size:
@@ -310,6 +337,37 @@ class LocalStore(Store):
             return size
         finally:
             os.close(fd)
+
+    def _read_direct(self, fd: int, size: int, bufs: list[Any]) -> int | None:
+        """Read the file with O_DIRECT through an aligned buffer, then scatter it.
+
+        Bypassing the page cache is what makes a cold read fast (measured on
+        64 x 2 MiB files, 16 threads: 70 ms direct against 160-480 ms
+        buffered) and keeps a second copy of KV out of RAM.  The payload
+        sits behind a header of a few dozen bytes, so it cannot land in the
+        caller's memory directly; the copy out of the bounce buffer runs in
+        numpy, which lets go of the GIL.  ``None``: the filesystem refuses
+        O_DIRECT (tmpfs, some FUSE mounts); the store stops trying.
+        """
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
+            bounce = _bounce_buffer(size)
+            want = -(-size // _ALIGN) * _ALIGN
+            got = os.preadv(fd, [bounce[:want]], 0)
+            while got < size:  # direct reads stop short only at EOF or a signal
+                n = os.preadv(fd, [bounce[got:want]], got) if got % _ALIGN == 0 else 0
+                if n == 0:
+                    break
+                got += n
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            log.info("%s: O_DIRECT refused (%s), reading through the page cache", self.nsroot, exc)
+            self.direct_min = 0
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+            return None
+        _scatter(bounce, min(got, size), bufs)
+        return got if got < size else size
 
     def size(self, key: bytes) -> int | None:
         try:
@@ -607,3 +665,28 @@ def run_batch(
         if isinstance(r, _Failed):
             raise r.exc
     return results
+
+
+def _bounce_buffer(size: int) -> memoryview:
+    """This thread's page-aligned buffer, at least ``size`` rounded up to 1 MiB."""
+    view: memoryview | None = getattr(_bounce, "view", None)
+    if view is None or view.nbytes < size:
+        # mmap memory is page aligned, which O_DIRECT needs and bytearray is not
+        view = memoryview(mmap.mmap(-1, -(-size // (1 << 20)) * (1 << 20)))
+        _bounce.view = view
+    return view
+
+
+def _scatter(src: memoryview, size: int, bufs: Sequence[Any]) -> None:
+    """Copy ``src[:size]`` into ``bufs`` in order."""
+    whole = np.frombuffer(src, dtype=np.uint8, count=size)
+    offset = 0
+    for buf in bufs:
+        n = min(len(buf), size - offset)
+        if n <= 0:
+            break
+        if n < _SMALL_COPY:
+            memoryview(buf)[:n] = src[offset : offset + n]
+        else:
+            np.copyto(np.frombuffer(buf, dtype=np.uint8, count=n), whole[offset : offset + n])
+        offset += n

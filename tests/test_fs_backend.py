@@ -664,7 +664,9 @@ def test_closed_backend(url: str) -> None:
 def test_capabilities_and_options(url: str, opener: Opener) -> None:
     fresh = default_registry().create("fs")
     opts = fresh.options()
-    assert set(opts) == {"url", "capacity", "fsync", "io_threads", "storage_options"}
+    assert set(opts) == {
+        "url", "capacity", "fsync", "io_threads", "direct_io", "storage_options"
+    }
     assert opts["url"].required
     assert opts["storage_options"].secret
     assert opts["io_threads"].default == 4
