@@ -12,13 +12,22 @@ namespace   16-byte namespace fingerprint
 key         the block's key (1-64 bytes)
 stored_len  length of the payload as stored (after the codec)
 codec       0 = none, 1 = zstd
-checksum    xxh3-64 of the stored payload, 8 bytes big-endian
+checksum    xxh3-64 of the stored payload, seeded with ``shuffle``, 8 bytes big-endian
 raw_len     length of the payload before the codec
 shuffle     byte-shuffle element size applied before the codec, 0 = none
 ==========  ==========================================================
 
+An uncompressed payload of :data:`ALIGN_MIN` bytes or more starts at a
+:data:`ALIGN` boundary of the block: zero bytes pad the header up to it (they
+must be zero to decode).  A block stored as a file then has its payload at an
+aligned file offset, and a reader using ``O_DIRECT`` lands it straight in
+page-aligned memory, such as an engine's KV rows, without a copy.
+
 Decoding checks every field against what the reader expects; any mismatch is
 a :class:`CorruptBlockError`, which tiers turn into a miss and a counter.
+The checksum covers the payload, and through its seed the shuffle width,
+the one header field that changes decoded bytes without being cross-checked
+(``raw_len`` is checked against the zstd frame, ``codec`` against the lengths).
 Decoding never executes anything: msgpack with explicit size limits, plain
 ints and bytes only.
 """
@@ -39,6 +48,8 @@ from .namespace import FORMAT_VERSION
 from .spec import BytesLike, KvtierError
 
 __all__ = [
+    "ALIGN",
+    "ALIGN_MIN",
     "CODECS",
     "MAGIC",
     "Codec",
@@ -59,6 +70,15 @@ _MAX_HEADER = 512
 CODEC_NONE = 0
 CODEC_ZSTD = 1
 CODECS = {"none": CODEC_NONE, "zstd": CODEC_ZSTD}
+#: Alignment of large uncompressed payloads within a block (a page, and the
+#: logical block size of common disks).
+ALIGN = 4096
+#: Uncompressed payloads from this size on are aligned; below it the padding
+#: would cost more than 1.6% of the block.
+ALIGN_MIN = 256 << 10
+# a zstd block of up to 128 KiB of output takes at least 4 bytes (an RLE block),
+# so no frame expands more than this: bounds what a header may make us allocate
+_MAX_ZSTD_RATIO = 1 << 15
 
 
 class CorruptBlockError(KvtierError, ValueError):
@@ -138,7 +158,10 @@ def _header_bytes(
         [FORMAT_VERSION, namespace, key, stored_len, codec, checksum, raw_len, shuffle],
         use_bin_type=True,
     )
-    return _PREFIX.pack(MAGIC, len(body)) + body
+    head = _PREFIX.pack(MAGIC, len(body)) + body
+    if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
+        return head + bytes(-len(head) % ALIGN)
+    return head
 
 
 def header_size(namespace: bytes, key: bytes, payload_len: int) -> int:
@@ -167,9 +190,16 @@ def encode_parts(
             stored = _shuffle(view, codec.shuffle)
             shuffle = codec.shuffle
         stored = _compressor(codec.level).compress(stored)
-    checksum = xxhash.xxh3_64_digest(stored)
+    checksum = _checksum(stored, shuffle)
     header = _header_bytes(namespace, key, len(stored), codec.codec_id, checksum, raw_len, shuffle)
     return header, stored
+
+
+def _checksum(stored: BytesLike, shuffle: int) -> bytes:
+    # the seed binds the shuffle width: a flipped width would pass the payload
+    # check and hand out scrambled bytes
+    digest: bytes = xxhash.xxh3_64_digest(stored, seed=shuffle)
+    return digest
 
 
 def encode(namespace: bytes, key: bytes, payload: BytesLike, codec: Codec) -> bytes:
@@ -224,7 +254,33 @@ def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
         raise CorruptBlockError("bad checksum field")
     if codec == CODEC_NONE and (raw_len != stored_len or shuffle):
         raise CorruptBlockError("uncompressed block with inconsistent lengths")
-    return Header(ns, hkey, stored_len, codec, checksum, raw_len, shuffle, _PREFIX.size + hlen)
+    size = _PREFIX.size + hlen
+    if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
+        size += -size % ALIGN
+        padding = view[_PREFIX.size + hlen : size].tobytes()
+        if padding != bytes(size - _PREFIX.size - hlen):  # short, or not zero
+            raise CorruptBlockError("header padding is short or not zero")
+    if codec == CODEC_ZSTD:
+        _check_zstd_sizes(view[size:], stored_len, raw_len)
+    return Header(ns, hkey, stored_len, codec, checksum, raw_len, shuffle, size)
+
+
+def _check_zstd_sizes(stored: memoryview, stored_len: int, raw_len: int) -> None:
+    """Refuse a raw length no frame of this size can produce, before anyone allocates it.
+
+    Callers size buffers from ``raw_len`` right after parsing; the header is
+    not under the checksum, so a flipped bit there must not become a huge
+    allocation.  With the payload at hand the frame's own size is compared too.
+    """
+    if raw_len > stored_len * _MAX_ZSTD_RATIO:
+        raise CorruptBlockError(f"raw length {raw_len} is impossible for {stored_len} stored")
+    if stored.nbytes == stored_len:
+        try:
+            size = zstandard.frame_content_size(stored)
+        except zstandard.ZstdError as exc:
+            raise CorruptBlockError(f"zstd: {exc}") from None
+        if size != raw_len:
+            raise CorruptBlockError("zstd frame size differs from header")
 
 
 def check_payload(header: Header, stored: BytesLike, verify: bool) -> None:
@@ -233,7 +289,7 @@ def check_payload(header: Header, stored: BytesLike, verify: bool) -> None:
         raise CorruptBlockError(
             f"payload is {memoryview(stored).nbytes} bytes, header says {header.stored_len}"
         )
-    if verify and xxhash.xxh3_64_digest(stored) != header.checksum:
+    if verify and _checksum(stored, header.shuffle) != header.checksum:
         raise CorruptBlockError("checksum mismatch")
 
 

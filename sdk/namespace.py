@@ -16,8 +16,9 @@ from typing import Any
 
 __all__ = ["FORMAT_VERSION", "Namespace"]
 
-#: Version of the stored block format (header layout, codecs).
-FORMAT_VERSION = 1
+#: Version of the stored block format (header layout, codecs).  2: checksums
+#: seeded with the shuffle width, large uncompressed payloads aligned.
+FORMAT_VERSION = 2
 
 _SHUFFLE_BY_DTYPE = {
     "bfloat16": 2,

@@ -13,7 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import Namespace
+from kvtier.namespace import FORMAT_VERSION
 from kvtier.blockformat import (
+    ALIGN,
+    ALIGN_MIN,
     MAGIC,
     Codec,
     CorruptBlockError,
@@ -69,6 +72,37 @@ def test_uncompressed_header_size_is_predictable() -> None:
     header, stored = encode_parts(NS, KEY, payload, Codec())
     assert len(header) == header_size(NS, KEY, len(payload))
     assert bytes(stored) == payload  # passed through, not copied into the header
+
+
+@pytest.mark.parametrize("size", [ALIGN_MIN - 1, ALIGN_MIN, (2 << 20) + 3])
+def test_large_uncompressed_payloads_start_aligned(size: int) -> None:
+    payload = os.urandom(size)
+    header, _ = encode_parts(NS, KEY, payload, Codec())
+    assert len(header) == header_size(NS, KEY, size)
+    blob = encode(NS, KEY, payload, Codec())
+    start = parse_header(blob, NS, KEY).size
+    assert start == len(header)
+    if size >= ALIGN_MIN:
+        assert start == ALIGN and blob[start:] == payload
+    else:
+        assert start < 200
+    assert decode(blob, size) == payload
+    # a compressed payload has no fixed place to align to: no padding
+    packed = encode(NS, KEY, payload, Codec("zstd", 1, 0))
+    assert parse_header(packed, NS, KEY).size < 200
+
+
+def test_header_padding_must_be_zero_and_whole() -> None:
+    payload = os.urandom(ALIGN_MIN)
+    blob = encode(NS, KEY, payload, Codec())
+    for offset in (100, ALIGN // 2, ALIGN - 1):  # inside the padding
+        damaged = bytearray(blob)
+        damaged[offset] = 1
+        with pytest.raises(CorruptBlockError, match="padding"):
+            decode(bytes(damaged), len(payload))
+    with pytest.raises(CorruptBlockError, match="padding"):
+        parse_header(blob[: ALIGN - 1], NS, KEY)  # a header cut short
+    assert parse_header(blob[:ALIGN], NS, KEY).size == ALIGN
 
 
 def test_shuffle_makes_bf16_smaller() -> None:
@@ -143,7 +177,7 @@ def test_zstd_bomb_claiming_a_small_size_is_rejected() -> None:
 
     bomb = zstandard.ZstdCompressor().compress(bytes(50 << 20))
     checksum = xxhash.xxh3_64_digest(bomb)
-    blob = _forge([1, NS, KEY, len(bomb), 1, checksum, 100, 0], bomb)
+    blob = _forge([FORMAT_VERSION, NS, KEY, len(bomb), 1, checksum, 100, 0], bomb)
     with pytest.raises(CorruptBlockError, match="frame size"):
         decode(blob, 100)
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvtier.backends import _fslayout
 from kvtier.backends._fslayout import DIRECT_MIN, LocalStore
+from kvtier import Namespace, open_chain
+from kvtier.blockformat import ALIGN, ALIGN_MIN
 from kvtier.registry import BackendHandle, default_registry
 
 NS = "00112233445566778899aabbccddeeff"
@@ -60,15 +64,21 @@ def scatter_lists(sizes: list[int]) -> tuple[list[bytearray], list[list[memoryvi
     return outs, lists
 
 
+def address(buf: Any) -> int:
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+
+
 class PreadvLog:
-    """Records the iovec lengths of every ``os.preadv`` call, then makes it."""
+    """Records the iovec lengths (and addresses) of every ``os.preadv`` call, then makes it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[list[int]] = []
+        self.addresses: list[list[int]] = []
         real = os.preadv
 
         def preadv(fd: int, buffers: Any, offset: int) -> int:
             self.calls.append([memoryview(b).nbytes for b in buffers])
+            self.addresses.append([address(b) for b in buffers])
             return real(fd, buffers, offset)
 
         monkeypatch.setattr(os, "preadv", preadv)
@@ -166,3 +176,35 @@ def test_damaged_file_of_another_length_is_reported_not_read(
     # the stored size is answered so the tier can fall back; nothing is copied
     assert list(tier.get_into([b"d"], lists)) == [len(data) - 5000]
     assert bytes(outs[0]) == bytes(len(data))
+
+
+def test_a_chain_reads_payloads_straight_into_aligned_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine case: KV rows in page-aligned memory, filled by the disk without a copy."""
+    config = {"chain": [{"name": "disk", "backend": "fs", "url": f"file://{tmp_path}/kv"}]}
+    namespace = Namespace("direct-model", dtype="float32", tokens_per_block=32)
+    row = 2 << 20
+    region = mmap.mmap(-1, 4 * row)  # page aligned, like vLLM's host region
+    rows = [memoryview(region)[i * row : (i + 1) * row] for i in range(4)]
+    odd = ALIGN_MIN + 3  # an unaligned length: its tail goes through the bounce buffer
+    payloads = [blob(row, i) for i in range(4)] + [blob(odd, 9)]
+    keys = [f"chunk-{i}".encode() for i in range(5)]
+    with open_chain(config, namespace=namespace) as chain:
+        assert chain.put(keys, payloads) == [True] * 5
+        if chain.tiers[0].handle.instance._store.direct_min == 0:
+            pytest.skip("the backend did not enable O_DIRECT here")
+        log = PreadvLog(monkeypatch)
+        tail = bytearray(odd)
+        assert chain.get(keys, [*rows, memoryview(tail)]) == [True] * 5
+        monkeypatch.undo()
+    assert [bytes(r) for r in rows] == payloads[:4] and bytes(tail) == payloads[4]
+    in_place = {address(r) for r in rows}
+    for lengths, addresses in zip(log.calls, log.addresses):
+        # header (one aligned page, through the bounce buffer) + payload
+        assert lengths[0] == ALIGN
+        if lengths[1] == row:
+            in_place.discard(addresses[1])
+        else:
+            assert lengths[1] == odd + (-odd % ALIGN) and addresses[1] % ALIGN == 0
+    assert not in_place, "some rows were not read into in place"
