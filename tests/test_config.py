@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvtier.config import TIER_KEYS, ChainConfig, MetricsConfig, describe, load_config
-from kvtier.registry import BackendRegistry, default_registry
+from kvtier.registry import INSTALL_HINTS, BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError, hookimpl
 
 EXAMPLE = """\
@@ -88,8 +88,11 @@ class FakeFs(_Fake):
 
 
 @pytest.fixture
-def registry() -> BackendRegistry:
-    reg = BackendRegistry()
+def registry(monkeypatch: pytest.MonkeyPatch) -> BackendRegistry:
+    # only the fakes below: what else is installed (kvtier-redis, say) must not
+    # change the messages checked here
+    reg = BackendRegistry(group="kvtier.tests.no-entry-points")
+    monkeypatch.setitem(INSTALL_HINTS, "lmdb", "pip install kvtier-lmdb")
     reg.register("host", FakeHost)
     reg.register("fs", FakeFs)
     return reg
@@ -333,9 +336,9 @@ TIER_ERRORS = [
     ("name: nvme", "name: nv/me", 6, "chain[1].name", "invalid tier name 'nv/me'"),
     ("name: nvme", "name: ''", 6, "chain[1].name", "invalid tier name ''"),
     ("name: nvme", "name: 7", 6, "chain[1].name", "expected a string, got int 7"),
-    ("backend: fs", "backend: redis", 7, "chain[1].backend",
-     "unknown backend 'redis' (installed: fs, host, object, peer); it is provided by another "
-     "package: pip install kvtier-redis"),
+    ("backend: fs", "backend: lmdb", 7, "chain[1].backend",
+     "unknown backend 'lmdb' (installed: fs, host); it is provided by another "
+     "package: pip install kvtier-lmdb"),
     ("capacity: 500GiB", "capcity: 500GiB", 9, "chain[1].capcity",
      "unknown key 'capcity'; did you mean 'capacity'? Accepted for backend 'fs': backend, "
      "capacity, codec, codec_level, headers, name, paths, pin, promote, ratio, retries, "
@@ -389,8 +392,8 @@ def test_tier_errors(tmp_path: Path, registry: BackendRegistry, old: str, new: s
 
 def test_unknown_backend_keeps_plugin_error_as_cause(tmp_path: Path,
                                                      registry: BackendRegistry) -> None:
-    path = write(tmp_path, EXAMPLE.replace("backend: fs", "backend: redis"))
-    err = fails(path, registry, f"{path}:7", "chain[1].backend", "pip install kvtier-redis")
+    path = write(tmp_path, EXAMPLE.replace("backend: fs", "backend: lmdb"))
+    err = fails(path, registry, f"{path}:7", "chain[1].backend", "pip install kvtier-lmdb")
     assert isinstance(err.__cause__, PluginError)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier.registry import BackendRegistry
+from kvtier.registry import INSTALL_HINTS, BackendRegistry
 from kvtier.spec import PluginError
 
 PLUGIN_SRC = Path(__file__).parent / "plugins" / "kvtier-sample-plugin"
@@ -113,12 +113,16 @@ def test_malformed_plugins_are_rejected_naming_the_plugin(
         assert "kvtier-sample-plugin 0.3.1" in str(err.value)
 
 
-def test_unknown_backend_lists_installed_and_hints_packages() -> None:
+def test_unknown_backend_lists_installed_and_hints_packages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     registry = BackendRegistry()
     with pytest.raises(PluginError, match=r"unknown backend 'nope' \(installed: .*fs.*host"):
         registry.create("nope")
-    with pytest.raises(PluginError, match="pip install kvtier-redis"):
-        registry.create("redis")
+    # a backend known to come from another distribution that is not installed here
+    monkeypatch.setitem(INSTALL_HINTS, "lmdb", "pip install kvtier-lmdb")
+    with pytest.raises(PluginError, match="pip install kvtier-lmdb"):
+        registry.create("lmdb")
 
 
 def test_disabled_plugins_are_hidden(plugin_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
