@@ -107,6 +107,8 @@ OPTIONS: Mapping[str, Option] = {
     ),
 }
 
+#: How long a put waits for other threads' writes to land and free room.
+_LANDING_TIMEOUT = 30.0
 _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 
@@ -132,6 +134,9 @@ class FsBackend:
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
         self._lock = threading.Lock()
+        # notified whenever writes in flight land (or fail) and give back the
+        # room they reserved
+        self._landed = threading.Condition(self._lock)
         self._state = "new"  # -> "open" -> "closed"
         self._store: Store = Store("")
         self._url = ""
@@ -331,6 +336,7 @@ class FsBackend:
         except BaseException:
             with self._lock:
                 self._reserved -= sum(sizes[i] for i in plan)
+                self._landed.notify_all()
             raise
         failure: Exception | None = None
         with self._lock:
@@ -341,6 +347,7 @@ class FsBackend:
                 else:
                     results[i] = False
                     failure = failure or out
+            self._landed.notify_all()
         if failure is not None:
             self._raise(failure, "write block")
         if first is not None:
@@ -369,10 +376,12 @@ class FsBackend:
         except BaseException as exc:
             with self._lock:
                 self._reserved -= size
+                self._landed.notify_all()
             self._raise(exc, "write block")
         with self._lock:
             self._reserved -= size
             self._admit(key, stored)
+            self._landed.notify_all()
         return True
 
     def _plan(
@@ -426,8 +435,19 @@ class FsBackend:
                         vsize = sizes[vi]
                         self._reserved -= vsize
                         victims.append((keys[vi], vi))
+                    elif self._reserved and self._state == "open":
+                        # The rest is held by other threads' writes in flight
+                        # (this batch's own are given back above).  Once they
+                        # land they can be evicted like any block; refusing
+                        # now would turn a block that fits into a False.
+                        # Batches waiting here hold no reservation, so they
+                        # never wait for each other.
+                        if not self._landed.wait(_LANDING_TIMEOUT):
+                            break
+                        over = self._used + self._reserved + size - cap
+                        continue
                     else:
-                        break  # the rest is other threads' writes in flight
+                        break
                     over -= vsize
                 if over > 0:
                     continue

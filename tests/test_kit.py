@@ -189,11 +189,6 @@ def test_chain_without_settling_reads_its_writes(tmp_path: Path) -> None:
     assert report and not failed_groups(report), proc.stdout
 
 
-@pytest.mark.xfail(
-    reason="fs refuses (False) blocks that fit its capacity while other threads' writes "
-    "hold the room; the contract allows False only for blocks larger than the capacity",
-    strict=False,
-)
 def test_fs_with_a_small_capacity_takes_concurrent_puts(tmp_path: Path) -> None:
     proc, report = conformance(
         "fs", tmp_path,
