@@ -5,50 +5,14 @@
 The defaults are the test model: 2 layers, head_dim 32 (the smallest vLLM's
 CPU attention takes), weights drawn wide (``initializer_range`` 0.3) so that
 wrong KV visibly changes greedy output.  No tokenizer: runs pass token ids.
+The builder itself is :func:`kvtier.contrib.vllm.randmodel.build`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
-
-def build(
-    out: str | os.PathLike[str],
-    *,
-    layers: int = 2,
-    hidden: int = 128,
-    heads: int = 4,
-    kv_heads: int = 2,
-    head_dim: int = 32,
-    intermediate: int | None = None,
-    vocab: int = 512,
-    max_positions: int = 4096,
-    dtype: str = "float32",
-    init_range: float = 0.3,
-    seed: int = 0,
-) -> str:
-    """Write the model to ``out``; return its path."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate or 2 * hidden,
-        vocab_size=vocab,
-        max_position_embeddings=max_positions,
-        initializer_range=init_range,
-        torch_dtype=dtype,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
-    model.save_pretrained(os.fspath(out))
-    return os.fspath(out)
+from kvtier.contrib.vllm.randmodel import build
 
 
 def main() -> None:
