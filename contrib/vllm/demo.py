@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from rich.table import Table
 
 from ...units import format_size
 
-console = Console()
+console = Console(soft_wrap=True)  # long lines stay whole in logs and pipes
 TAG = "KVTIER-DEMO "
 _SHAPE_FILE = "kvtier-demo-shape.json"
 
@@ -146,8 +147,9 @@ def _run_child(args: argparse.Namespace, config: Path, model: Path) -> dict[str,
 
 def _model(work: Path, args: argparse.Namespace) -> Path:
     model = work / "model"
-    shape = {"layers": args.layers, "hidden": args.hidden, "head_dim": 128, "kv_heads": 8,
-             "vocab": 32000}
+    heads = args.hidden // 128
+    shape = {"layers": args.layers, "hidden": args.hidden, "head_dim": 128,
+             "kv_heads": math.gcd(8, heads), "vocab": 32000}
     marker = model / _SHAPE_FILE
     if marker.exists() and json.loads(marker.read_text()) == shape:
         console.print(f"model: {model} (built before)")
@@ -159,7 +161,7 @@ def _model(work: Path, args: argparse.Namespace) -> Path:
                         f"{args.hidden}, fp32) in {model} ..."):
         start = time.perf_counter()
         build(model, layers=args.layers, hidden=args.hidden,
-              heads=args.hidden // shape["head_dim"], kv_heads=shape["kv_heads"],
+              heads=heads, kv_heads=shape["kv_heads"],
               head_dim=shape["head_dim"], vocab=shape["vocab"],
               max_positions=max(4096, args.tokens + 64), init_range=0.02)
     marker.write_text(json.dumps(shape))
