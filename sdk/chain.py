@@ -146,6 +146,12 @@ class Chain:
         # blocks on their way down to a write-back tier: still readable meanwhile
         self._demoting: dict[bytes, tuple[int, BytesLike]] = {}
         self._demoting_lock = threading.Lock()
+        # Per tier: keys it holds that the write-back tier below has not got
+        # yet, for tiers that lose their blocks at close (RAM).  Close saves
+        # them below, so write-back costs no block a write-through would keep.
+        self._unsaved: list[set[bytes] | None] = [
+            set() if self._keeps_unsaved(i) else None for i in range(len(self.tiers))
+        ]
         self._closing = False  # no new jobs; running ones finish
         self._closed = False
         self._reporter: MetricsReporter | None = None
@@ -187,8 +193,9 @@ class Chain:
                 break
             sub_keys = [keys[i] for i in remaining]
             flags, evicted, blobs = tier.put_payloads(sub_keys, [payloads[i] for i in remaining])
-            self._handle_evicted(index, evicted)
             stored = [(i, blob) for i, flag, blob in zip(remaining, flags, blobs) if flag]
+            self._mark_unsaved(index, (keys[i] for i, _ in stored), True)
+            self._handle_evicted(index, evicted)
             for i, _ in stored:
                 result[i] = True
             if stored and self._writes_through(index):
@@ -210,9 +217,52 @@ class Chain:
     def _writes_through(self, index: int) -> bool:
         return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "through"
 
+    def _keeps_unsaved(self, index: int) -> bool:
+        below = index + 1
+        return (
+            below < len(self.tiers)
+            and self.tiers[below].config.write == "back"
+            and not self.tiers[index].capabilities.persistent
+        )
+
+    def _mark_unsaved(self, index: int, keys: Iterable[bytes], unsaved: bool) -> None:
+        held = self._unsaved[index]
+        if held is None:
+            return
+        with self._demoting_lock:
+            if unsaved:
+                held.update(keys)
+            else:
+                held.difference_update(keys)
+
+    def _save_unsaved(self) -> None:
+        """At close: copy what RAM tiers hold and their write-back tiers lack down to them.
+
+        Top down, so a block saved into a tier that is itself unsaved moves on.
+        """
+        for index, held in enumerate(self._unsaved):
+            if not held:
+                continue
+            with self._demoting_lock:
+                keys = list(held)
+                held.clear()
+            below = self.tiers[index + 1]
+            for start in range(0, len(keys), 64):  # bounded memory: 64 blobs at a time
+                part = keys[start : start + 64]
+                found = self.tiers[index].get_blobs(part)
+                pairs = [(k, b) for k, b in zip(part, found) if b is not None]
+                if not pairs:
+                    continue
+                flags, evicted = below.put_blobs([k for k, _ in pairs], [b for _, b in pairs])
+                self._handle_evicted(index + 1, evicted)
+                saved = [k for (k, _), flag in zip(pairs, flags) if flag]
+                below.stats.add(demoted=len(saved))
+                self._mark_unsaved(index + 1, saved, True)
+
     def _handle_evicted(self, index: int, evicted: Evicted) -> None:
         if not evicted:
             return
+        self._mark_unsaved(index, (k for k, _ in evicted), False)
         below = index + 1
         if below < len(self.tiers) and self.tiers[below].config.write == "back":
             with self._demoting_lock:
@@ -421,8 +471,9 @@ class Chain:
             flags, evicted = tier.put_blobs(
                 [keys[i] for i in remaining], [blobs[i] for i in remaining]
             )
-            self._handle_evicted(index, evicted)
             stored = [i for i, flag in zip(remaining, flags) if flag]
+            self._mark_unsaved(index, (keys[i] for i in stored), True)
+            self._handle_evicted(index, evicted)
             for i in stored:
                 result[i] = True
             if stored and self._writes_through(index):
@@ -485,7 +536,8 @@ class Chain:
         keys = _check_keys(keys)
         self.flush()
         removed = [False] * len(keys)
-        for tier in self.tiers:
+        for index, tier in enumerate(self.tiers):
+            self._mark_unsaved(index, keys, False)
             for i, flag in enumerate(tier.evict(keys)):
                 removed[i] = removed[i] or flag
         return sum(removed)
@@ -558,6 +610,11 @@ class Chain:
 
     def _shutdown(self) -> None:
         self._jobs.shutdown(wait=True)
+        self.flush()
+        try:
+            self._save_unsaved()
+        except Exception:  # closing must go on: the tiers still need closing
+            log.exception("kvtier: saving write-back blocks at close failed")
         self.flush()
         self._closed = True
         for writer in self._writers:

@@ -76,6 +76,21 @@ def test_write_back_demotes_everything_evicted(tmp_path: Path) -> None:
         assert chain.stats()["tiers"][0]["backend_stats"]["used_bytes"] <= 4 * BLOCK + 1000
 
 
+def test_close_saves_what_ram_holds_to_its_write_back_tier(tmp_path: Path) -> None:
+    """Blocks only RAM held (never evicted) reach disk at close, through each level."""
+    config = host_fs(tmp_path, ram=4 * BLOCK + 1000)
+    config["chain"].insert(1, {"name": "ram2", "backend": "host", "capacity": 2 * BLOCK + 1000,
+                               "write": "back"})
+    with open_chain(config, namespace=NS) as chain:
+        assert chain.put([key(i) for i in range(10)], [block(i) for i in range(10)]) == [True] * 10
+        assert chain.evict([key(9)]) == 1  # evicted on purpose: must not come back
+        chain.flush()
+        assert chain.lookup([key(i) for i in range(6, 9)]) == [0, 0, 0]
+    with open_chain(config, namespace=NS) as chain:  # both RAM tiers start empty
+        assert chain.lookup([key(i) for i in range(10)]) == [2] * 9 + [None]
+        assert read(chain, [key(i) for i in range(9)]) == [block(i) for i in range(9)]
+
+
 def test_get_bytes_needs_no_sizes_and_promotes(tmp_path: Path) -> None:
     with open_chain(host_fs(tmp_path, ram=1 << 20, write="through"), namespace=NS) as chain:
         chain.put([key(1), key(2)], [block(1, 100), block(2, 7)])
