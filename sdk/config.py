@@ -50,6 +50,9 @@ _EXPECTED = {
 _T = "tag:yaml.org,2002:"
 _SCALAR_TAGS = frozenset(_T + t for t in ("str", "int", "float", "bool", "null", "timestamp"))
 _MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
+# PyYAML composes (and we walk) nested collections recursively: refuse depth
+# that would exhaust the interpreter's stack instead of raising RecursionError
+_MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ def _read_yaml(label: str) -> tuple[Any, dict[str, int]]:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError("invalid YAML: not UTF-8 text", where=f"{label}:{line}") from None
     try:
+        _check_depth(label, text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -166,6 +170,24 @@ def _read_yaml(label: str) -> tuple[Any, dict[str, int]]:
                           where=f"{label}:1")
     walker = _NodeWalker(label)
     return walker.value(root, ""), walker.lines
+
+
+def _check_depth(label: str, text: str) -> None:
+    """Refuse collections nested deeper than :data:`_MAX_DEPTH`.
+
+    The parser below the composer is an iterative state machine, so walking
+    its events costs no stack whatever the input.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                raise ConfigError(f"collections nested deeper than {_MAX_DEPTH} levels",
+                                  where=f"{label}:{line}")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
 
 
 class _NodeWalker:
@@ -194,7 +216,11 @@ class _NodeWalker:
                 self._fail(node, path, f"unsupported YAML tag {node.tag}")
             if node.tag == _T + "timestamp":
                 return node.value  # a date is just text here
-            return self._ctor.construct_object(node)
+            try:
+                return self._ctor.construct_object(node)
+            except ValueError:  # "0x_", or an int beyond Python's digit limit
+                # the exception quotes the text, which may be a secret's
+                self._fail(node, path, f"unreadable {node.tag.rpartition(':')[2]} value")
         self._active.add(id(node))
         try:
             if isinstance(node, SequenceNode) and node.tag == _T + "seq":
