@@ -206,13 +206,6 @@ class Store:
     def remove(self, key: bytes) -> bool:
         raise NotImplementedError
 
-    def take(self, key: bytes) -> bytes | None:
-        """Read a block, then remove it (eviction reports the bytes)."""
-        data = self.read(key)
-        if data is not None:
-            self.remove(key)
-        return data
-
     def rewrite(self, key: bytes, data: bytes) -> bool:
         """Overwrite a stored block in place, for ``kvtier_tamper``."""
         raise NotImplementedError
@@ -571,13 +564,6 @@ class RemoteStore(Store):
         except FileNotFoundError:
             return False
         return True
-
-    def take(self, key: bytes) -> bytes | None:
-        data = self.read(key)
-        if data is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(self.path(key))
-        return data
 
     def rewrite(self, key: bytes, data: bytes) -> bool:
         if self.size(key) is None:

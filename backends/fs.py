@@ -464,20 +464,22 @@ class FsBackend:
         evicted: MutableSequence[tuple[bytes, BytesLike]],
     ) -> None:
         stored = [key for key, i in victims if i is None]
+        total = 0
         try:
-            # read each before deleting it: the tier below gets the bytes
-            taken = iter(self._map(self._store.take, stored, "evict"))
+            # Every victim is read and reported before any is deleted: a chain
+            # takes a reported block as on its way to the tier below at once,
+            # so a concurrent reader finds it here or there, never nowhere.
+            found = iter(self._map(self._store.read, stored, "evict"))
+            for key, i in victims:
+                data = next(found) if i is None else _joined(parts[i])
+                if data is not None:  # None: another process deleted it first
+                    evicted.append((key, data))
+                    total += len(data)
+            self._map(self._store.remove, stored, "evict")
         finally:
             with self._lock:
                 self._undoom(stored)
-        total = 0
-        for key, i in victims:
-            data = next(taken) if i is None else _joined(parts[i])
-            if data is not None:  # None: another process deleted it first
-                evicted.append((key, data))
-                total += len(data)
-        with self._lock:
-            self._evicted_bytes += total
+                self._evicted_bytes += total
 
     @hookimpl
     def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
