@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import Namespace
-from kvtier.namespace import FORMAT_VERSION
 from kvtier.blockformat import (
     ALIGN,
     ALIGN_MIN,
@@ -27,6 +26,7 @@ from kvtier.blockformat import (
     parse_header,
     recode,
 )
+from kvtier.namespace import FORMAT_VERSION
 
 NS = Namespace("model-a", dtype="bfloat16", tokens_per_block=32).fingerprint
 OTHER_NS = Namespace("model-b", dtype="bfloat16", tokens_per_block=32).fingerprint

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvtier import Namespace, open_chain
 from kvtier.backends import _fslayout
 from kvtier.backends._fslayout import DIRECT_MIN, LocalStore
-from kvtier import Namespace, open_chain
 from kvtier.blockformat import ALIGN, ALIGN_MIN
 from kvtier.registry import BackendHandle, default_registry
 
