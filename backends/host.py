@@ -40,6 +40,9 @@ says nothing about the cache being too small.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
@@ -101,6 +104,10 @@ class _Lru(_Accounting):
 
     def peek(self, key: bytes) -> bytes | None:
         return self._blocks.get(key)
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        blocks = self._blocks  # `in` on the dict: no method call per key
+        return [key in blocks for key in keys]
 
     def access(self, key: bytes) -> bytes | None:
         data = self._blocks.get(key)
@@ -171,6 +178,10 @@ class _Arc(_Accounting):
     def peek(self, key: bytes) -> bytes | None:
         data = self._t1.get(key)
         return data if data is not None else self._t2.get(key)
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        t1, t2 = self._t1, self._t2
+        return [key in t1 or key in t2 for key in keys]
 
     def access(self, key: bytes) -> bytes | None:
         data = self._t1.pop(key, None)
@@ -287,6 +298,41 @@ def _scatter(data: bytes, buffers: Sequence[memoryview]) -> None:
             offset = end
 
 
+_malloc_tuned = False
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # the largest glibc accepts on 64-bit
+
+
+def _tune_malloc(capacity: int) -> None:
+    """Let freed blocks be reused by later ones instead of going back to the kernel.
+
+    glibc serves allocations of megabytes with fresh ``mmap`` pages and
+    returns them on free (or trims them off the heap), so every stored block
+    would pay a page fault per 4 KiB on its copy: 1.1-1.3 GB/s against 7-8
+    GB/s for a copy into memory already mapped, on a 2-core EPYC.  Blocks up
+    to 32 MiB come from the heap instead, and up to ``capacity`` (at most
+    1 GiB) of freed heap stays mapped: memory the tier may fill anyway.
+    Process-wide, done once, glibc only; ``MALLOC_MMAP_THRESHOLD_`` or
+    ``MALLOC_TRIM_THRESHOLD_`` in the environment leave malloc as configured.
+    """
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    mallopt(_M_TRIM_THRESHOLD, max(_MMAP_THRESHOLD_MAX * 2, min(capacity, 1 << 30)))
+
+
 def _size_option(options: Mapping[str, Any], key: str, *, required: bool) -> int | None:
     value = options.get(key)
     if value is None:
@@ -348,6 +394,7 @@ class HostBackend:
             if self._policy is not None:
                 raise KvtierError("host backend is already open")
             self._policy = _POLICIES[eviction](capacity)
+            _tune_malloc(capacity)
             self._eviction = eviction
             self._max_block_size = max_block_size
             self._limit = capacity if max_block_size is None else min(capacity, max_block_size)
@@ -431,8 +478,7 @@ class HostBackend:
     @hookimpl
     def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
-            peek = self._live().peek
-            return [peek(key) is not None for key in keys]
+            return self._live().holds(keys)
 
     @hookimpl
     def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:

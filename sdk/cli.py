@@ -116,10 +116,12 @@ def explain(file: str) -> None:
 
 def _attach_commands() -> None:
     # these modules import their heavy dependencies (pytest, vLLM) only when run
+    from .bench_cli import bench_command
     from .conformance import conformance_command
     from .contrib.vllm import vllm_args_command
     from .serve import serve_command
 
+    cli.add_command(bench_command)
     cli.add_command(conformance_command)
     cli.add_command(serve_command)
     cli.add_command(vllm_args_command)

@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 30.0
+#: Bytes per get_into call to an in-process backend, see :meth:`Tier._cache_sized`.
+_CACHE_BATCH = 4 << 20
 
 
 class _Health:
@@ -78,12 +80,14 @@ class Tier:
         self.health = _Health()
         self.capabilities = Capabilities()
         self._serial: threading.Lock | None = None
+        self._in_process = False
         self._closed = False
 
     # lifecycle ----------------------------------------------------------------
     def open(self) -> None:
         self.handle.open(self.config.options, self.namespace.hex)
         self.capabilities = self.handle.capabilities()
+        self._in_process = not (self.capabilities.persistent or self.capabilities.shared)
         if not self.capabilities.thread_safe:
             # the contract promises such backends one call at a time
             self._serial = threading.Lock()
@@ -213,7 +217,12 @@ class Tier:
         found = [False] * n
         fallback = list(range(n))
         if self.handle.has_get_into and self.codec.name == "none":
-            fallback = self._get_into_direct(keys, outs, found)
+            fallback = []
+            for lo, hi in self._cache_sized(outs):
+                sub_found = [False] * (hi - lo)
+                missed = self._get_into_direct(keys[lo:hi], outs[lo:hi], sub_found)
+                found[lo:hi] = sub_found
+                fallback.extend(lo + j for j in missed)
         if fallback:
             sub_keys = [keys[i] for i in fallback]
             blobs = self._call("get", lambda: self.handle.get(sub_keys), len(sub_keys))
@@ -230,6 +239,30 @@ class Tier:
                         self._corrupt(keys[i], exc)
         self._count_reads(found, outs)
         return found
+
+    def _cache_sized(self, outs: Sequence[memoryview]) -> list[tuple[int, int]]:
+        """Runs of a batch for one ``get_into`` call each: ``[lo, hi)`` index pairs.
+
+        A backend in this process (neither persistent nor shared: RAM) fills
+        the buffers at memory speed, and the checksum pass that follows
+        would read a large batch back from memory rather than from the CPU
+        cache.  Calls of about :data:`_CACHE_BATCH` bytes keep what the
+        checksum reads in the cache: 16 x 2 MiB host gets went from 0.55-0.59x
+        to 0.62-0.66x of a plain copy (interleaved runs).  Other backends get
+        the whole batch in one call: they work on it in parallel.
+        """
+        n = len(outs)
+        if not self._in_process or sum(o.nbytes for o in outs) <= _CACHE_BATCH:
+            return [(0, n)]
+        runs: list[tuple[int, int]] = []
+        lo = total = 0
+        for i, out in enumerate(outs):
+            if i > lo and total + out.nbytes > _CACHE_BATCH:
+                runs.append((lo, i))
+                lo, total = i, 0
+            total += out.nbytes
+        runs.append((lo, n))
+        return runs
 
     def _get_into_direct(
         self, keys: Sequence[bytes], outs: Sequence[memoryview], found: list[bool]
@@ -311,7 +344,8 @@ class Tier:
         if not keys:
             return []
         result = self._call("lookup", lambda: self.handle.lookup(keys), len(keys))
-        return [False] * len(keys) if result is None else [bool(r) for r in result]
+        # map(bool) rather than a comprehension: lookups come by the thousand
+        return [False] * len(keys) if result is None else list(map(bool, result))
 
     def evict(self, keys: Sequence[bytes]) -> list[bool]:
         if not keys:
