@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex
 
 from . import blockformat
 from .config import ChainConfig, load_config
@@ -103,6 +103,38 @@ def _writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
             raise TypeError("output buffers must be writable (bytearray, numpy array, ...)")
         views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
     return views
+
+
+class _DemotionSink(list[tuple[bytes, BytesLike]]):
+    """An evicted list that registers each reported block as on its way to tier ``below``."""
+
+    def __init__(self, chain: Chain, below: int) -> None:
+        super().__init__()
+        self._chain, self._below = chain, below
+
+    def _register(self, items: Iterable[tuple[bytes, BytesLike]]) -> None:
+        with self._chain._demoting_lock:
+            for key, blob in items:
+                self._chain._demoting[key] = (self._below, blob)
+
+    def append(self, item: tuple[bytes, BytesLike]) -> None:
+        self._register((item,))
+        super().append(item)
+
+    def insert(self, index: SupportsIndex, item: tuple[bytes, BytesLike]) -> None:
+        self._register((item,))
+        super().insert(index, item)
+
+    def extend(self, items: Iterable[tuple[bytes, BytesLike]]) -> None:
+        items = list(items)
+        self._register(items)
+        super().extend(items)
+
+    def __iadd__(  # type: ignore[override]
+        self, items: Iterable[tuple[bytes, BytesLike]]
+    ) -> _DemotionSink:
+        self.extend(items)
+        return self
 
 
 class Chain:
@@ -192,7 +224,9 @@ class Chain:
             if not remaining:
                 break
             sub_keys = [keys[i] for i in remaining]
-            flags, evicted, blobs = tier.put_payloads(sub_keys, [payloads[i] for i in remaining])
+            flags, evicted, blobs = tier.put_payloads(
+                sub_keys, [payloads[i] for i in remaining], self._evicted_sink(index)
+            )
             stored = [(i, blob) for i, flag, blob in zip(remaining, flags, blobs) if flag]
             self._mark_unsaved(index, (keys[i] for i, _ in stored), True)
             self._handle_evicted(index, evicted)
@@ -253,11 +287,26 @@ class Chain:
                 pairs = [(k, b) for k, b in zip(part, found) if b is not None]
                 if not pairs:
                     continue
-                flags, evicted = below.put_blobs([k for k, _ in pairs], [b for _, b in pairs])
+                flags, evicted = below.put_blobs(
+                    [k for k, _ in pairs], [b for _, b in pairs], self._evicted_sink(index + 1)
+                )
                 self._handle_evicted(index + 1, evicted)
                 saved = [k for (k, _), flag in zip(pairs, flags) if flag]
                 below.stats.add(demoted=len(saved))
                 self._mark_unsaved(index + 1, saved, True)
+
+    def _evicted_sink(self, index: int) -> Evicted:
+        """The list a put into tier ``index`` reports its capacity victims in.
+
+        Above a write-back tier, a victim becomes readable from the chain
+        the moment the backend reports it, not when the put returns: by then
+        the backend may long have dropped it, and a reader would find the
+        block nowhere for the rest of the put.
+        """
+        below = index + 1
+        if below < len(self.tiers) and self.tiers[below].config.write == "back":
+            return _DemotionSink(self, below)
+        return []
 
     def _handle_evicted(self, index: int, evicted: Evicted) -> None:
         if not evicted:
@@ -292,7 +341,7 @@ class Chain:
     ) -> None:
         tier = self.tiers[index]
         try:
-            flags, evicted = tier.put_blobs(keys, blobs)
+            flags, evicted = tier.put_blobs(keys, blobs, self._evicted_sink(index))
             self._handle_evicted(index, evicted)
             stored = sum(flags)
             if kind == "demote":
@@ -469,7 +518,8 @@ class Chain:
             if not remaining:
                 break
             flags, evicted = tier.put_blobs(
-                [keys[i] for i in remaining], [blobs[i] for i in remaining]
+                [keys[i] for i in remaining], [blobs[i] for i in remaining],
+                self._evicted_sink(index),
             )
             stored = [i for i, flag in zip(remaining, flags) if flag]
             self._mark_unsaved(index, (keys[i] for i in stored), True)

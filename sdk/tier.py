@@ -77,7 +77,10 @@ class Tier:
         self.codec = Codec(config.codec, config.codec_level, width if width > 1 else 0)
         self.verify = config.verify
         self.stats = TierStats()
+        # Two breakers: a failed store (disk full, quota) must not take the
+        # tier's reads down with it, while an unreachable tier fails both.
         self.health = _Health()
+        self.write_health = _Health()
         self.capabilities = Capabilities()
         self._serial: threading.Lock | None = None
         self._in_process = False
@@ -99,13 +102,24 @@ class Tier:
 
     @property
     def healthy(self) -> bool:
+        """Taking reads and writes; see :attr:`readable` for reads alone."""
+        return self.health.available() and self.write_health.available()
+
+    @property
+    def readable(self) -> bool:
         return self.health.available()
 
     def _call(self, op: str, fn: Callable[[], T], n: int) -> T | None:
-        """Run a backend call; a fault marks the tier unhealthy and answers None."""
+        """Run a backend call; a fault trips a breaker and answers None.
+
+        A fault of a put trips the write breaker only: reads of what the
+        tier holds go on.  Any other fault trips the read breaker, which
+        stops writes too.
+        """
         if self._closed:
             raise ClosedError(f"tier {self.name!r} is closed")
-        if not self.health.available():
+        breaker = self.write_health if op == "put" else self.health
+        if not (breaker.available() and self.health.available()):
             return None
         try:
             with self.stats.timed(op):
@@ -123,32 +137,38 @@ class Tier:
             raise
         except Exception as exc:
             self.stats.add(errors=1)
-            backoff = self.health.fault(repr(exc))
+            backoff = breaker.fault(repr(exc))
             log.warning(
-                "tier %r (%s) failed in %s: %r; treating it as a miss for %.1fs",
+                "tier %r (%s) failed in %s: %r; skipping its %s for %.1fs",
                 self.name,
                 self.config.backend,
                 op,
                 exc,
+                "writes" if op == "put" else "calls",
                 backoff,
             )
             return None
-        self.health.ok()
+        breaker.ok()
         return result
 
     # writes -------------------------------------------------------------------
     def put_payloads(
-        self, keys: Sequence[bytes], payloads: Sequence[BytesLike]
+        self,
+        keys: Sequence[bytes],
+        payloads: Sequence[BytesLike],
+        evicted: Evicted | None = None,
     ) -> tuple[list[bool], Evicted, list[bytes | None]]:
         """Frame and store raw payloads.
 
-        Returns the per-key result, what capacity pushed out, and the framed
-        blobs when they were built as single ``bytes`` (so callers writing the
-        same block to more tiers can reuse them instead of framing again).
+        Returns the per-key result, what capacity pushed out (into
+        ``evicted`` when given: the backend fills it during the call), and
+        the framed blobs when they were built as single ``bytes`` (so callers
+        writing the same block to more tiers can reuse them instead of
+        framing again).
         """
+        evicted = [] if evicted is None else evicted
         if not keys:
-            return [], [], []
-        evicted: Evicted = []
+            return [], evicted, []
         parts = [
             blockformat.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
         ]
@@ -166,12 +186,12 @@ class Tier:
         return self._after_put(keys, result, evicted, sizes), evicted, blobs
 
     def put_blobs(
-        self, keys: Sequence[bytes], blobs: Sequence[BytesLike]
+        self, keys: Sequence[bytes], blobs: Sequence[BytesLike], evicted: Evicted | None = None
     ) -> tuple[list[bool], Evicted]:
         """Store already framed blocks (from another tier), re-encoding if the codec differs."""
+        evicted = [] if evicted is None else evicted
         if not keys:
-            return [], []
-        evicted: Evicted = []
+            return [], evicted
         ready: list[bytes] = []
         kept: list[bytes] = []
         for key, blob in zip(keys, blobs):
@@ -359,8 +379,9 @@ class Tier:
         out["name"] = self.name
         out["backend"] = self.config.backend
         out["healthy"] = self.healthy
-        if self.health.last_error:
-            out["last_error"] = self.health.last_error
+        last_error = self.health.last_error or self.write_health.last_error
+        if last_error:
+            out["last_error"] = last_error
         try:
             out["backend_stats"] = dict(self.handle.stats()) if not self._closed else {}
         except Exception as exc:  # stats must never take a caller down

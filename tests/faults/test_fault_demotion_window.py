@@ -1,11 +1,11 @@
 """A block being demoted by capacity must stay readable while it moves down.
 
-Found by the soak: a reader sometimes misses a block that was stored and
-never evicted, although the block is found again a moment later.  The fs
-backend takes a capacity victim out of its index and off the disk while it
-plans a put, but the chain registers the victim as "being demoted" only
-after that put returns; for the whole batch write the block is nowhere.
-The backend below is the real fs backend, stopped right after its put.
+Found by the soak: a reader sometimes missed a block that was stored and
+never evicted, although the block was found again a moment later.  The fs
+backend takes a capacity victim out of its index and off the disk inside a
+put; the chain now takes the victim as "being demoted" the moment the
+backend reports it, not when the put returns.  The backend below is the
+real fs backend, stopped right after its put.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import MutableSequence, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 from faultkit import block_for, read_exact
 
 import kvtier
@@ -43,10 +42,6 @@ class GatedFs(FsBackend):
         return result
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sdk/chain.py with backends/fs.py: a capacity victim leaves the fs index and disk inside "
-    "the put, but the chain registers its demotion only after the put returns, so readers "
-    "miss it for the whole batch write"))
 def test_a_capacity_victim_stays_readable_during_the_put(tmp_path: Path) -> None:
     registry = BackendRegistry()
     registry.register("gatedfs", GatedFs)

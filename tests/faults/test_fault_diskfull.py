@@ -68,8 +68,5 @@ def test_stores_fail_cleanly_and_are_counted(scenario: dict[str, Any],
     )
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sdk/tier.py: a failed store (ENOSPC/EFBIG) trips the tier's health back-off, which "
-    "also turns reads of blocks already on disk into misses until it expires"))
 def test_chain_reads_right_after_a_failed_store(scenario: dict[str, Any]) -> None:
     assert scenario["reads_right_after_failure"] == [True] * 6
