@@ -130,7 +130,7 @@ class _DemotionSink(list[tuple[bytes, BytesLike]]):
         self._register(items)
         super().extend(items)
 
-    def __iadd__(  # type: ignore[override]
+    def __iadd__(  # type: ignore[override, misc]
         self, items: Iterable[tuple[bytes, BytesLike]]
     ) -> _DemotionSink:
         self.extend(items)
