@@ -352,7 +352,11 @@ class Tier:
 
     def _corrupt(self, key: bytes, exc: Exception) -> None:
         self.stats.add(corrupt=1)
-        log.warning("tier %r: block %s rejected: %s", self.name, key.hex()[:16], exc)
+        log.warning("tier %r: block %s rejected and dropped: %s", self.name, key.hex()[:16], exc)
+        # Dropped, or lookups would go on answering "held here" for a block
+        # every read rejects, and a new copy of the key would be skipped as
+        # already stored.  Best effort: a failure only trips the breaker.
+        self._call("evict", lambda: self.handle.evict([key]), 1)
 
     def _count_reads(self, found: list[bool], outs: Sequence[memoryview]) -> None:
         hits = sum(found)

@@ -88,6 +88,13 @@ class CorruptionTests(KitBase):
         )
         after_get = self._corruption_count(chain)
         assert after_get > before, f"{damage}: Chain.get did not count the damaged block as corrupt"
+        assert chain.lookup([victim]) == [None], (
+            f"{damage}: the rejected block was not dropped: lookups still find it"
+        )
+        # stored and damaged again, for the other read path
+        assert chain.put([victim], [blocks[1]]) == [True]
+        chain.flush()
+        assert handle.tamper(victim, transform) is True, "kvtier_tamper of a stored key: not True"
         assert chain.get_bytes([victim]) == [None], (
             f"{damage}: Chain.get_bytes served a damaged block as data"
         )
