@@ -1,10 +1,18 @@
-"""A backend made of a whole chain, so the conformance kit can certify chains too.
+"""Backends made of a whole chain, so the conformance kit can certify chains too.
 
 :class:`ChainBackend` opens a two-tier chain, a small ``host`` RAM tier over
 an ``fs`` tier, and serves the backend hooks with :meth:`Chain.put`,
 :meth:`Chain.get_bytes`, :meth:`Chain.lookup` and :meth:`Chain.evict`.  The
 kit then checks the chain's promotion, demotion and write policies through
 the same contract as any single store.
+
+:class:`PeerChainBackend` does the same with a chain whose (last) tier is a
+``peer`` tier, to certify the peer path: client backend, wire protocol and a
+live ``kvtier serve``.  The ``peer`` backend cannot be certified bare: the
+server stores only blocks framed by a chain of the connection's namespace
+(it checks the block header and refuses anything else), and the kit puts
+raw bytes.  Through a chain, every block the kit puts is framed on the way
+out and checked on the way back, which is how peers are used.
 """
 
 from __future__ import annotations
@@ -18,7 +26,11 @@ from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
 
 
 class ChainBackend:
-    """RAM (``host``, capacity ``ram``) over ``fs`` at ``url``, written ``disk_write``."""
+    """RAM (``host``, capacity ``ram``) over ``fs`` at ``url``, written ``disk_write``.
+
+    Subclasses change the chain through :meth:`_chain_config` and
+    :meth:`_persists` and declare their options in ``kvtier_options``.
+    """
 
     def __init__(self) -> None:
         self._chain: Chain | None = None
@@ -44,15 +56,19 @@ class ChainBackend:
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
         if self._closed:
             raise ClosedError("chain backend is closed")
-        ram = {"name": "ram", "backend": "host", "capacity": options["ram"]}
-        disk = {"name": "disk", "backend": "fs", "url": options["url"]}
-        config = {"chain": [ram, {**disk, "write": options["disk_write"]}]}
+        config = {"chain": self._chain_config(options)}
         self._chain = open_chain(config, namespace=Namespace.from_hex(namespace))
         self._settle = options["settle"]
+        self._persistent = self._persists(options)
+
+    def _chain_config(self, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+        ram = {"name": "ram", "backend": "host", "capacity": options["ram"]}
+        disk = {"name": "disk", "backend": "fs", "url": options["url"]}
+        return [ram, {**disk, "write": options["disk_write"]}]
+
+    def _persists(self, options: Mapping[str, Any]) -> bool:
         # write-back keeps the newest blocks in RAM only: close loses them
-        self._persistent = options["disk_write"] == "through" and not options["url"].startswith(
-            "memory://"
-        )
+        return options["disk_write"] == "through" and not options["url"].startswith("memory://")
 
     def _live(self) -> Chain:
         if self._chain is None or self._closed:
@@ -78,7 +94,9 @@ class ChainBackend:
         blocks: Sequence[BytesLike],
         evicted: MutableSequence[tuple[bytes, BytesLike]],
     ) -> list[bool]:
-        del evicted  # the fs tier is unbounded: the chain as a whole evicts nothing
+        # the last tier is unbounded (fs, or the server's chain behind a peer
+        # tier, which ends in fs in the tests): the chain as a whole evicts nothing
+        del evicted
         chain = self._live()
         stored = chain.put(keys, blocks)
         if self._settle:
@@ -105,3 +123,42 @@ class ChainBackend:
         # Chain.evict counts; one key at a time gives the per-key answer, and a
         # key repeated in the batch is removed by its first mention
         return [chain.evict([key]) == 1 for key in keys]
+
+
+class PeerChainBackend(ChainBackend):
+    """A chain ending in a ``peer`` tier on the ``kvtier serve`` at ``peer``.
+
+    With ``ram`` set, a ``host`` tier of that capacity sits above the peer
+    tier, which is then written through; without it the peer tier is alone.
+    Whether blocks outlive a reopen of this client depends on the server's
+    chain (a server whose chain writes through to disk keeps them; one with
+    RAM alone may drop a namespace it closes), which the client cannot see:
+    whoever started the server says so with ``persistent``.
+    """
+
+    @hookimpl
+    def kvtier_options(self) -> Mapping[str, Option]:
+        return {
+            "peer": Option("str", "HOST:PORT of a running kvtier serve", required=True),
+            "secret": Option("str", "the server's shared secret", default=None, secret=True),
+            "ram": Option("size", "capacity of a host tier above the peer tier; unset: none"),
+            "persistent": Option(
+                "bool", "the server's chain keeps blocks across this client's reopen", False
+            ),
+            "settle": Option(
+                "bool", "wait for the chain's background writes after put and get", True
+            ),
+        }
+
+    def _chain_config(self, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+        peer: dict[str, Any] = {"name": "peer", "backend": "peer", "peers": [options["peer"]]}
+        if options["secret"] is not None:
+            peer["secret"] = options["secret"]
+        if options["ram"] is None:
+            return [peer]
+        ram = {"name": "ram", "backend": "host", "capacity": options["ram"]}
+        # through, not back: a block only this client's RAM holds dies with a reopen
+        return [ram, {**peer, "write": "through"}]
+
+    def _persists(self, options: Mapping[str, Any]) -> bool:
+        return bool(options["persistent"])
