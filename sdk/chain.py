@@ -175,7 +175,7 @@ class Chain:
         self._job_futures: dict[int, Future[None]] = {}
         self._done: list[JobResult] = []
         self._lock = threading.Lock()
-        # blocks on their way down to a write-back tier: still readable meanwhile
+        # blocks on their way down (demoted, or written through): readable meanwhile
         self._demoting: dict[bytes, tuple[int, BytesLike]] = {}
         self._demoting_lock = threading.Lock()
         # Per tier: keys it holds that the write-back tier below has not got
@@ -322,19 +322,37 @@ class Chain:
     def _submit_write(
         self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str
     ) -> bool:
-        """Queue framed blocks for tier ``index``; promotions never wait for room."""
+        """Queue framed blocks for tier ``index``; promotions never wait for room.
+
+        A block written through stays readable from the queue until it lands,
+        like a demotion: the tier above may evict it before then.
+        """
         nbytes = sum(memoryview(b).nbytes for b in blobs)
         if not self._backlogs[index].acquire(nbytes, block=kind != "promote"):
             self.tiers[index].stats.add(dropped=len(keys))
             return False
+        if kind == "through":
+            with self._demoting_lock:
+                for key, blob in zip(keys, blobs):
+                    self._demoting[key] = (index, blob)
         with self._idle:
             self._inflight += 1
         try:
             self._writers[index].submit(self._write, index, keys, blobs, kind, nbytes)
         except RuntimeError:  # executor shut down: the chain is closing
+            self._landed(index, keys, blobs, kind)
             self._write_done(index, nbytes)
             return False
         return True
+
+    def _landed(self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str) -> None:
+        """Forget blocks of a finished write that were readable while queued."""
+        if kind not in ("demote", "through"):
+            return
+        with self._demoting_lock:
+            for key, blob in zip(keys, blobs):
+                if self._demoting.get(key, (index, None))[1] is blob:
+                    del self._demoting[key]
 
     def _write(
         self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str, nbytes: int
@@ -358,11 +376,7 @@ class Chain:
         except Exception:  # a bug here must not kill the worker silently
             log.exception("kvtier: asynchronous %s write to tier %r failed", kind, tier.name)
         finally:
-            if kind == "demote":
-                with self._demoting_lock:
-                    for key, blob in zip(keys, blobs):
-                        if self._demoting.get(key, (index, None))[1] is blob:
-                            del self._demoting[key]
+            self._landed(index, keys, blobs, kind)
             self._write_done(index, nbytes)
 
     def _demotions_of(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, BytesLike]]:

@@ -427,3 +427,45 @@ def test_blocks_being_demoted_stay_readable(tmp_path: Path) -> None:
                 assert chain.lookup([key(i - 4)]) != [None]
                 assert read(chain, [key(i - 4)]) == [block(i - 4)]
                 assert chain.get_bytes([key(i - 4)]) == [block(i - 4)]
+
+
+class _SlowFs:
+    """Stands in for the fs backend below RAM; its puts wait until released."""
+
+    release = threading.Event()
+
+    @classmethod
+    def make(cls) -> Any:
+        from kvtier.backends.fs import FsBackend
+
+        class Slow(FsBackend):
+            def _put(self, *args: Any) -> list[bool]:
+                assert cls.release.wait(30), "never released"
+                result: list[bool] = super()._put(*args)
+                return result
+
+        return Slow()
+
+
+def test_block_written_through_is_readable_before_the_write_lands(tmp_path: Path) -> None:
+    """RAM evicts a block while its write-through copy is still queued: it must not vanish."""
+    registry = BackendRegistry()
+    registry.register("slowfs", _SlowFs.make)
+    config = {"chain": [
+        {"name": "ram", "backend": "host", "capacity": BLOCK + 1000},
+        {"name": "disk", "backend": "slowfs", "url": f"file://{tmp_path}/disk",
+         "write": "through"},
+    ]}
+    _SlowFs.release.clear()
+    with open_chain(config, namespace=NS, registry=registry) as chain:
+        try:
+            for i in range(3):  # each put evicts the one before from RAM
+                assert chain.put([key(i)], [block(i)]) == [True]
+            assert chain.stats()["tiers"][0]["evictions"] == 2
+            assert read(chain, [key(0), key(1), key(2)]) == [block(0), block(1), block(2)]
+            assert chain.get_bytes([key(0)]) == [block(0)]
+        finally:
+            _SlowFs.release.set()
+        assert chain.flush(30)
+        assert chain.lookup([key(0), key(1)]) == [1, 1]
+        assert read(chain, [key(0), key(1)]) == [block(0), block(1)]
