@@ -36,7 +36,8 @@ from rich.table import Table
 
 from ...units import format_size
 
-console = Console(soft_wrap=True)  # long lines stay whole in logs and pipes
+# long lines and the table stay whole in logs and pipes
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
 TAG = "KVTIER-DEMO "
 _SHAPE_FILE = "kvtier-demo-shape.json"
 
