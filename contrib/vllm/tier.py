@@ -22,8 +22,9 @@ get_finished_jobs
     runs from submission to the first poll that sees the job finished.
 
 Failures.  A key that failed to load is a miss for ``failed_ttl`` seconds,
-and when vLLM stores the recomputed chunk, the stored block is evicted first
-and then replaced (a tier skips a put of a key it holds, damaged or not).
+and when vLLM stores the recomputed chunk, any block still held for the key
+is evicted first and then replaced (a tier skips a put of a key it holds;
+one that failed its checks was dropped when it was read).
 A backend that fails at run time is skipped by the chain (misses, retried
 after a back-off); one whose storage is unreachable when vLLM starts leaves
 the tier empty until a later attempt (every ``reopen_interval`` seconds)
@@ -540,9 +541,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
     ) -> None:
         """Store recomputed blocks over ones that failed to load, in that order.
 
-        A tier keeps a damaged block (it answers a miss for it), and a put of
-        a key it holds is skipped as a duplicate; so the old block is evicted
-        first, on a thread of this tier, then the new one is put.
+        A tier drops a block its checks reject, but a load can also fail
+        with the block left in place (a tier skipped while it was down), and
+        a put of a key a tier holds is skipped as a duplicate; so the old
+        block is evicted first, on a thread of this tier, then the new one
+        is put.
         """
 
         def run() -> list[bool]:
