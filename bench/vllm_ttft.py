@@ -239,12 +239,12 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
           f"{args.hidden}, head_dim {args.head_dim}, {args.kv_heads} KV heads, fp32; vLLM "
           f"{_vllm_version()} CPU; {args.processes} fresh processes x {args.samples} prompts "
           f"per mode; page cache {'warm' if args.warm_cache else 'dropped before every hit'}")
-    print(f"{'mode':<11}{'median s':>10}{'min s':>8}{'fresh-process median s':>24}"
+    print(f"{'mode':<14}{'median s':>10}{'min s':>8}{'fresh-process median s':>24}"
           f"{'speed-up':>10}  cached tokens")
     tokens = {r["token"] for rs in runs.values() for r in rs} | {stored["token"]}
     for mode in runs:
         median, low, fresh, _, cached = figures(mode)
-        print(f"{mode:<11}{median:>10.3f}{low:>8.3f}{fresh:>24.3f}{base / median:>9.1f}x"
+        print(f"{mode:<14}{median:>10.3f}{low:>8.3f}{fresh:>24.3f}{base / median:>9.1f}x"
               f"  {cached}")
     print(f"first token identical in every run: {len(tokens) == 1}")
     print(TAG + json.dumps({"runs": runs, "store": stored}))
