@@ -16,14 +16,14 @@ client library.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from server_process import ServerProcess
 
 __all__ = ["RedisServer", "find_redis_server"]
 
@@ -87,12 +87,15 @@ def _ping(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """One ``redis-server`` on ``127.0.0.1:port``; see the module docstring.
 
     ``base_dir`` receives ``redis.log`` (the server's log, appended across
     restarts) and is the server's working directory.
     """
+
+    stop_timeout = 10.0  # SIGTERM saves nothing (snapshots are off): it exits at once
+    log_lines = 30
 
     def __init__(self, base_dir: str | os.PathLike[str], *, startup_timeout: float = 30.0) -> None:
         self.base_dir = Path(base_dir)
@@ -119,23 +122,18 @@ class RedisServer:
             "--databases", "16",
         ]
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def start(self) -> None:
         """Start (or restart) on the same port; wait until it answers PING."""
         if self.running:
             return
-        self._proc = subprocess.Popen(
+        self._track(subprocess.Popen(
             self.command(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=self.base_dir,
             start_new_session=True,  # a Ctrl-C in the terminal is pytest's
-        )
-        atexit.register(self._atexit_kill, self._proc)
+        ))
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if not self.running:
@@ -152,41 +150,3 @@ class RedisServer:
             f"redis-server on port {self.port} did not answer PING within "
             f"{self.startup_timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
         )
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (which saves nothing, snapshots being off), then SIGKILL if it hangs."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def kill(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-    @staticmethod
-    def _atexit_kill(proc: subprocess.Popen[bytes]) -> None:
-        # a run that dies without finalizers must not leave a server behind
-        if proc.poll() is None:
-            proc.kill()
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])

@@ -14,7 +14,6 @@ creates one with a SigV4-signed ``PUT`` (stdlib only, no S3 client needed).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import hashlib
@@ -24,7 +23,6 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +31,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from server_process import ServerProcess
 
 __all__ = ["SeaweedServer", "find_weed"]
 
@@ -108,7 +108,7 @@ def _sign(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-class SeaweedServer:
+class SeaweedServer(ServerProcess):
     """One ``weed mini`` process with S3 on ``endpoint``; see the module docstring.
 
     ``base_dir`` receives ``data/`` (the store), ``s3.json`` (the identity)
@@ -174,14 +174,6 @@ class SeaweedServer:
         ]
         return args
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def start(self) -> None:
         """Start (or restart) the server on the same ports and data; wait until S3 answers."""
         if self.running:
@@ -194,15 +186,14 @@ class SeaweedServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(self.command())}\n".encode())
             log.flush()
-            self._proc = subprocess.Popen(
+            self._track(subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.base_dir,
                 start_new_session=True,  # a Ctrl-C in the terminal is pytest's, not weed's
-            )
-        atexit.register(self._atexit_kill, self._proc)
+            ))
         try:
             self._wait_ready()
         except BaseException:
@@ -234,45 +225,6 @@ class SeaweedServer:
             f"SeaweedFS S3 at {self.endpoint} did not answer within {self.startup_timeout:.0f}s "
             f"({last}); log {self.log_path}:\n{self.log_tail()}"
         )
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def kill(self) -> None:
-        """SIGKILL at once: a crash, for fault tests."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-    @staticmethod
-    def _atexit_kill(proc: subprocess.Popen[bytes]) -> None:
-        # a test run that dies without finalizers must not leave a server behind
-        if proc.poll() is None:
-            proc.kill()
-
-    def __enter__(self) -> SeaweedServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     # S3 ---------------------------------------------------------------------
     def make_bucket(self, name: str) -> str:
