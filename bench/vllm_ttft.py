@@ -56,6 +56,8 @@ def child(args: argparse.Namespace) -> None:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    from kvtier.contrib.vllm.demo import engine_args, prompt_ids
+
     extra: dict[str, Any] | None = None
     if args.mode != "recompute":
         extra = {
@@ -71,14 +73,7 @@ def child(args: argparse.Namespace) -> None:
         if args.mode == "kvtier-object":
             extra["kvtier_config"] = args.kvtier_object_config
     llm = LLM(
-        model=args.model,
-        skip_tokenizer_init=True,
-        dtype="float32",
-        max_model_len=args.tokens + 64,
-        enforce_eager=True,
-        seed=0,
-        block_size=32,
-        enable_prefix_caching=False,
+        **engine_args(args.model, args.tokens),
         kv_transfer_config=(
             KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                              kv_connector_extra_config=extra)
@@ -87,8 +82,7 @@ def child(args: argparse.Namespace) -> None:
     )
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
     llm.generate([TokensPrompt(prompt_token_ids=[7] * 40)], one, use_tqdm=False)  # warm-up
-    prompt = TokensPrompt(prompt_token_ids=[(i * 7919 + 13) % 30000 + 3
-                                            for i in range(args.tokens)])
+    prompt = TokensPrompt(prompt_token_ids=prompt_ids(args.tokens))
     samples = 1 if args.mode == "store" else args.samples
     ttfts, cached = [], []
     for i in range(samples):

@@ -65,8 +65,23 @@ def _chain_yaml(kv_dir: Path, endpoint: str | None, bucket: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prompt(tokens: int) -> list[int]:
+def prompt_ids(tokens: int) -> list[int]:
+    """The long prompt, as token ids (the random model has no tokenizer)."""
     return [(i * 7919 + 13) % 30000 + 3 for i in range(tokens)]
+
+
+def engine_args(model: str, tokens: int) -> dict[str, Any]:
+    """``LLM(...)`` settings for timing a prompt of ``tokens`` on the random model."""
+    return {
+        "model": model,
+        "skip_tokenizer_init": True,
+        "dtype": "float32",
+        "max_model_len": tokens + 64,
+        "enforce_eager": True,
+        "seed": 0,
+        "block_size": 32,
+        "enable_prefix_caching": False,  # a hit must come through the offloading path
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -79,14 +94,7 @@ def child(args: argparse.Namespace) -> None:
 
     started = time.perf_counter()
     llm = LLM(
-        model=args.model,
-        skip_tokenizer_init=True,
-        dtype="float32",
-        max_model_len=args.tokens + 64,
-        enforce_eager=True,
-        seed=0,
-        block_size=32,
-        enable_prefix_caching=False,  # a hit must come through the offloading path
+        **engine_args(args.model, args.tokens),
         kv_transfer_config=KVTransferConfig(**kv_transfer_config(args.config)),
     )
     engine_s = time.perf_counter() - started
@@ -94,7 +102,7 @@ def child(args: argparse.Namespace) -> None:
     # one-time start-up work (kernels, allocations) is not part of the timing
     llm.generate([TokensPrompt(prompt_token_ids=[7] * 40)], one, use_tqdm=False)
     start = time.perf_counter()
-    out = llm.generate([TokensPrompt(prompt_token_ids=_prompt(args.tokens))], one,
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids(args.tokens))], one,
                        use_tqdm=False)[0]
     ttft = time.perf_counter() - start
 
