@@ -10,7 +10,7 @@ import kvtier.backends.fs
 import kvtier.backends.host
 import kvtier.contrib
 import kvtier.spec
-from kvtier.registry import BackendRegistry
+from kvtier.plugins.registry import BackendRegistry
 
 assert "site-packages" in kvtier.__file__, kvtier.__file__
 files = [str(f) for f in importlib.metadata.distribution("kvtier").files or []]

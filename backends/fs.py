@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
+from kvtier.config.units import parse_size
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -34,7 +35,6 @@ from kvtier.spec import (
     Option,
     hookimpl,
 )
-from kvtier.units import parse_size
 
 from ._fslayout import DIRECT_MIN, Entry, LocalStore, Store, open_store, run_batch
 

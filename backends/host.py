@@ -48,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from typing import Any, TypeAlias, TypeVar
 
+from kvtier.config.units import parse_size
 from kvtier.spec import (
     BytesLike,
     Capabilities,
@@ -57,7 +58,6 @@ from kvtier.spec import (
     Option,
     hookimpl,
 )
-from kvtier.units import parse_size
 
 __all__ = ["EVICTION_POLICIES", "HostBackend"]
 

@@ -32,6 +32,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
 from obstore.store import S3Store
 
+from kvtier.config.units import parse_duration, parse_size
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -41,7 +42,6 @@ from kvtier.spec import (
     Option,
     hookimpl,
 )
-from kvtier.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from obstore.store import S3Config

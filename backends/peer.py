@@ -17,7 +17,7 @@
 Blocks are sent as the chain framed them; the server stores only framed
 blocks of the tier's namespace (others are refused), so this backend serves
 chains, not arbitrary bytes.  They are checked again on the way back
-(against accidents: the xxh3 checksum is not a MAC, see :mod:`kvtier.serve`
+(against accidents: the xxh3 checksum is not a MAC, see :mod:`kvtier.peer.server`
 for the trust model).  Each hook call has one deadline
 (``request_timeout``): a dead, slow or misbehaving peer turns into misses for
 its keys within it, never a hang.  A failed peer is retried after an
@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier import peerproto as pp
+from kvtier.peer import protocol as pp
 from kvtier.spec import (
     BackendError,
     BytesLike,

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import msgpack
 
-from kvtier import blockformat
 from kvtier.bench import Progress
-from kvtier.bench_micro import run_codec
+from kvtier.bench.micro import run_codec
+from kvtier.block import framing
 
 _PREFIX = struct.Struct("<4sH")
 
@@ -33,15 +33,15 @@ def payloads(root: Path, limit: int) -> list[bytes]:
     for folder, _, files in sorted(os.walk(root)):
         for name in sorted(files):
             data = (Path(folder) / name).read_bytes()
-            if data[:4] != blockformat.MAGIC or len(data) < _PREFIX.size:
+            if data[:4] != framing.MAGIC or len(data) < _PREFIX.size:
                 continue
             _, hlen = _PREFIX.unpack_from(data)
             fields = msgpack.unpackb(data[_PREFIX.size:_PREFIX.size + hlen], raw=True)
             namespace, key, codec = fields[1], fields[2], fields[4]
-            if codec != blockformat.CODEC_NONE:
+            if codec != framing.CODEC_NONE:
                 continue
             out = bytearray(fields[6])
-            blockformat.decode_into(data, namespace, key, memoryview(out), verify=True)
+            framing.decode_into(data, namespace, key, memoryview(out), verify=True)
             found.append(bytes(out))
             if len(found) >= limit:
                 return found

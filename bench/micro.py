@@ -58,7 +58,7 @@ def codec_chart(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle("codec on KV blocks (through kvtier.blockformat, checksum included)")
+    fig.suptitle("codec on KV blocks (through kvtier.block.framing, checksum included)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.bench import BUILTIN, BenchSettings, Progress, machine, run_tiers
-from kvtier.units import parse_size
+from kvtier.config.units import parse_size
 
 HERE = Path(__file__).resolve().parent
 

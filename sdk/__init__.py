@@ -11,9 +11,9 @@ Open a chain of tiers from a YAML file or a dict::
 
 from __future__ import annotations
 
-from .chain import Chain, JobResult, open_chain
-from .namespace import Namespace
-from .spec import (
+from kvtier.block.namespace import Namespace
+from kvtier.chain.chain import Chain, JobResult, open_chain
+from kvtier.spec import (
     CONTRACT_VERSION,
     BackendError,
     ClosedError,

@@ -18,9 +18,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .chain import Chain, open_chain
-from .namespace import Namespace
-from .units import format_size, parse_size
+from kvtier.block.namespace import Namespace
+from kvtier.chain.chain import Chain, open_chain
+from kvtier.config.units import format_size, parse_size
 
 console = Console()
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/seaweed.py, without a package
+# server fixtures and helpers (tests/support/seaweed.py, ...), imported without a package
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 from seaweed import SeaweedServer
 

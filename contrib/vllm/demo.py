@@ -34,7 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ...units import format_size
+from kvtier.config.units import format_size
 
 # long lines and the table stay whole in logs and pipes
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)

@@ -66,10 +66,10 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from kvtier.block.namespace import Namespace
 from kvtier.chain import Chain
 from kvtier.chain import JobResult as ChainJobResult
 from kvtier.config import load_config
-from kvtier.namespace import Namespace
 from kvtier.spec import MAX_KEY_SIZE, ConfigError, KvtierError
 
 from ._compat import (

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import pytest
 
 from kvtier import Chain, Namespace, open_chain
-from kvtier.registry import BackendHandle
+from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import BytesLike, Capabilities, PluginError
 
 from .groups import missing_capability
@@ -40,7 +40,7 @@ def _as_bytes(value: object, what: str) -> bytes:
 class KitBackend:
     """An open backend instance whose answers are checked for shape.
 
-    Every method calls one hook through the :class:`~kvtier.registry.BackendHandle`
+    Every method calls one hook through the :class:`~kvtier.plugins.registry.BackendHandle`
     and fails the test (``AssertionError``) if the answer is not a sequence of
     the batch's length with items of the contract's types.  Blocks come back
     as ``bytes`` copies, so a test can compare and keep them freely.

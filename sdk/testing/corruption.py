@@ -1,7 +1,7 @@
 """Group ``corruption``: damaged stored bytes are a miss through a chain, never data.
 
 The chain frames every block with a header and checksum
-(:mod:`kvtier.blockformat`); here the kit damages the raw stored bytes
+(:mod:`kvtier.block.framing`); here the kit damages the raw stored bytes
 through ``kvtier_tamper`` and checks that the chain over this backend turns
 each kind of damage into a counted miss, while the neighbours still read
 back exactly.  A backend passes when its tamper hook really reaches what

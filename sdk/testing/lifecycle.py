@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from kvtier.registry import BackendHandle
+from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import Capabilities, ClosedError, Option, OptionType, PluginError
 
 from .base import KitBase

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.config import TIER_KEYS, load_config
-from kvtier.registry import BackendRegistry
+from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ConfigError, PluginError
 
 __all__ = ["resolve_backend", "validate_options"]

@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 
 import kvtier
-import kvtier.tier as tier_module
-from kvtier import blockformat
+import kvtier.chain.tier as tier_module
+from kvtier.block import framing
 from kvtier.testing.data import block_for
 
 NS = kvtier.Namespace("full-model", dtype="bfloat16", tokens_per_block=16)
@@ -41,8 +41,8 @@ def files_on_disk(root: Path) -> tuple[int, int, int]:
         try:
             head = 6 + int.from_bytes(blob[4:6], "little")
             key = msgpack.unpackb(blob[6:head], raw=True)[2]
-            size = blockformat.parse_header(blob, NS.fingerprint, key).raw_len
-            blockformat.decode_into(blob, NS.fingerprint, key, memoryview(bytearray(size)))
+            size = framing.parse_header(blob, NS.fingerprint, key).raw_len
+            framing.decode_into(blob, NS.fingerprint, key, memoryview(bytearray(size)))
             whole += 1
         except Exception:
             damaged += 1
@@ -108,8 +108,8 @@ def main(mode: str, directory: str) -> dict[str, Any]:
 def _decodes(blob: Any, key: bytes, size: int) -> bool:
     out = bytearray(size)
     try:
-        blockformat.decode_into(blob, NS.fingerprint, key, memoryview(out))
-    except blockformat.CorruptBlockError:
+        framing.decode_into(blob, NS.fingerprint, key, memoryview(out))
+    except framing.CorruptBlockError:
         return False
     return bytes(out) == block_for(key, size)
 

@@ -19,7 +19,7 @@ from faultkit import Report, object_tier, read_exact
 from seaweed import SeaweedServer
 
 import kvtier
-from kvtier import blockformat
+from kvtier.block import framing
 from kvtier.testing.data import block_for
 
 NS = kvtier.Namespace("rot-model", dtype="bfloat16", tokens_per_block=16)
@@ -55,7 +55,7 @@ def fs_files(root: Path) -> dict[bytes, Path]:
     for path in root.rglob("*"):
         if path.is_file() and not path.name.startswith(".tmp-"):
             blob = path.read_bytes()
-            if blob[:4] == blockformat.MAGIC:
+            if blob[:4] == framing.MAGIC:
                 fields = msgpack.unpackb(blob[6:header_len(blob)], raw=True)
                 found[fields[2]] = path
     return found
@@ -146,8 +146,8 @@ def test_every_single_header_byte_change_is_caught(fault_report: Report) -> None
     """Exhaustive over the header: any value at any header byte is a miss or the exact block."""
     payload = block_for(b"exhaustive", 20_000)
     caught = exact = 0
-    for codec in (blockformat.Codec("none"), blockformat.Codec("zstd", 1, 2)):
-        blob = blockformat.encode(NS.fingerprint, b"k", payload, codec)
+    for codec in (framing.Codec("none"), framing.Codec("zstd", 1, 2)):
+        blob = framing.encode(NS.fingerprint, b"k", payload, codec)
         for offset in range(header_len(blob)):
             for value in range(256):
                 if value == blob[offset]:
@@ -156,9 +156,9 @@ def test_every_single_header_byte_change_is_caught(fault_report: Report) -> None
                 changed[offset] = value
                 out = bytearray(len(payload))
                 try:
-                    blockformat.decode_into(bytes(changed), NS.fingerprint, b"k",
+                    framing.decode_into(bytes(changed), NS.fingerprint, b"k",
                                             memoryview(out))
-                except blockformat.CorruptBlockError:
+                except framing.CorruptBlockError:
                     caught += 1
                     continue
                 assert out == payload, (codec, offset, value)

@@ -19,7 +19,7 @@ from faultkit import block_for, read_exact
 
 import kvtier
 from kvtier.backends.fs import FsBackend
-from kvtier.registry import BackendRegistry
+from kvtier.plugins.registry import BackendRegistry
 
 NS = kvtier.Namespace("window-model")
 SIZE = 64 * 1024

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvtier
-from kvtier import blockformat
+from kvtier.block import framing
 from kvtier.config import load_config
 from kvtier.spec import ConfigError
 
@@ -54,9 +54,9 @@ def mutated_blocks(draw: st.DrawFn) -> tuple[bytes, int]:
     size = draw(st.integers(0, 5000))
     payload = draw(st.binary(min_size=min(size, 64), max_size=64)) * (size // 64 + 1)
     payload = payload[:size]
-    codec = draw(st.sampled_from([blockformat.Codec("none"), blockformat.Codec("zstd", 1, 0),
-                                  blockformat.Codec("zstd", 3, 2)]))
-    blob = bytearray(blockformat.encode(NS, KEY, payload, codec))
+    codec = draw(st.sampled_from([framing.Codec("none"), framing.Codec("zstd", 1, 0),
+                                  framing.Codec("zstd", 3, 2)]))
+    blob = bytearray(framing.encode(NS, KEY, payload, codec))
     how = draw(st.sampled_from(["flip", "truncate", "extend", "field", "hlen", "splice"]))
     head = 6 + struct.unpack_from("<H", blob, 4)[0]
     if how == "flip":
@@ -81,12 +81,12 @@ def mutated_blocks(draw: st.DrawFn) -> tuple[bytes, int]:
 def decode_all_ways(blob: bytes, size: int) -> None:
     """Every entry point of the decoder; only CorruptBlockError may escape."""
     for call in (
-        lambda: blockformat.decode_into(blob, NS, KEY, memoryview(bytearray(size))),
-        lambda: blockformat.parse_header(blob, NS, KEY),
-        lambda: blockformat.recode(blob, NS, KEY, blockformat.Codec("zstd", 1, 4), verify=True),
-        lambda: blockformat.recode(blob, NS, KEY, blockformat.Codec("none"), verify=False),
+        lambda: framing.decode_into(blob, NS, KEY, memoryview(bytearray(size))),
+        lambda: framing.parse_header(blob, NS, KEY),
+        lambda: framing.recode(blob, NS, KEY, framing.Codec("zstd", 1, 4), verify=True),
+        lambda: framing.recode(blob, NS, KEY, framing.Codec("none"), verify=False),
     ):
-        with contextlib.suppress(blockformat.CorruptBlockError):
+        with contextlib.suppress(framing.CorruptBlockError):
             call()
 
 
@@ -221,12 +221,12 @@ def test_flipped_shuffle_width_is_caught(dtype: str) -> None:
     """Regression: the shuffle field is outside the payload but must not escape the checksum."""
     payload = bytes(range(256)) * 64
     width = 2 if dtype == "bfloat16" else 4
-    blob = blockformat.encode(NS, KEY, payload, blockformat.Codec("zstd", 1, width))
+    blob = framing.encode(NS, KEY, payload, framing.Codec("zstd", 1, width))
     head = 6 + struct.unpack_from("<H", blob, 4)[0]
     fields = msgpack.unpackb(blob[6:head], raw=True)
     for other in {0, 2, 4, 8} - {width}:
         fields[7] = other
         body = msgpack.packb(fields, use_bin_type=True)
         forged = struct.pack("<4sH", b"KVTB", len(body)) + body + blob[head:]
-        with pytest.raises(blockformat.CorruptBlockError):
-            blockformat.decode_into(forged, NS, KEY, memoryview(bytearray(len(payload))))
+        with pytest.raises(framing.CorruptBlockError):
+            framing.decode_into(forged, NS, KEY, memoryview(bytearray(len(payload))))

@@ -34,6 +34,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
+from kvtier.config.units import parse_duration, parse_size
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -44,7 +45,6 @@ from kvtier.spec import (
     Option,
     hookimpl,
 )
-from kvtier.units import parse_duration, parse_size
 
 from . import _scripts
 

@@ -1,0 +1,544 @@
+"""``kvtier bench``: each tier's throughput beside the raw ceiling of its medium.
+
+For every tier (of ``--config``, or of the built-in backends on defaults) the
+bench opens a one-tier chain and times batched ``put`` and ``get`` calls
+through it, each batch of ``--blocks`` blocks of ``--block-size`` bytes under
+fresh keys.  In the same rounds, on the same blocks, it times what the medium
+does with no kvtier at all:
+
+* ``host``: ``memcpy`` into preallocated buffers;
+* ``fs`` (local paths): plain Python ``open``/``write``/``readinto`` of one
+  file per block in a directory beside the tier's, with the tier's ``fsync``;
+* ``object``: ``obstore.put``/``obstore.get`` against the same bucket, one
+  request at a time and ``concurrency`` at a time;
+* ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
+  in a process of its own, as ``kvtier serve`` is.
+
+Every block read back, by kvtier or raw, is compared with what was written;
+a difference is reported, never hidden.  Rounds interleave kvtier and raw
+so that a disturbance (a shared machine) hits both; the ratio kvtier/raw is
+the figure to read, absolute numbers depend on the machine.
+
+Throughput is bytes over summed batch time in GB/s (10^9 bytes per second);
+latency percentiles are per batched call.  ``ratio`` divides throughputs
+(all rounds); ``ratio_p50`` divides the median batch times, which one
+disturbed round on a shared machine does not move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from kvtier.block.namespace import Namespace
+from kvtier.chain.chain import Chain
+from kvtier.config.loader import ChainConfig, MetricsConfig, TierConfig, load_config
+
+__all__ = ["BenchSettings", "Progress", "Series", "run_tiers", "tier_plan"]
+
+BUILTIN = ("host", "fs", "object", "peer")
+
+
+@dataclass
+class BenchSettings:
+    block_size: int = 2 << 20
+    blocks: int = 16  # per batched call
+    rounds: int = 8
+    quick: bool = False
+    backends: tuple[str, ...] = BUILTIN
+    config: str | None = None
+
+
+class Progress:
+    """A one-line progress bar on a stream (stderr), redrawn in place."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30) -> None:
+        self.total, self.done, self.width = total, 0, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+
+    def add(self, n: int) -> None:
+        """More steps became known."""
+        self.total += n
+
+    def step(self, label: str, n: int = 1) -> None:
+        self.done = min(self.total, self.done + n)
+        self.draw(label)
+
+    def draw(self, label: str) -> None:
+        filled = self.width * self.done // max(self.total, 1)
+        bar = "#" * filled + "-" * (self.width - filled)
+        elapsed = time.monotonic() - self.started
+        line = f"\r[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {label[:40]:<40}"
+        self.stream.write(line)
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else float("nan")
+
+
+@dataclass
+class Series:
+    """Timings of one kind of batched call."""
+
+    batch_bytes: int
+    seconds: list[float] = field(default_factory=list)
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds.append(time.perf_counter() - start)
+
+    def summary(self) -> dict[str, float | int]:
+        total = sum(self.seconds)
+        return {
+            "gbps": self.batch_bytes * len(self.seconds) / total / 1e9 if total else 0.0,
+            "p50_ms": percentile(self.seconds, 50) * 1e3,
+            "p99_ms": percentile(self.seconds, 99) * 1e3,
+            "batches": len(self.seconds),
+        }
+
+
+class Raw:
+    """The medium without kvtier: what a tier's figures are compared with."""
+
+    label = "raw"
+    #: Operations whose figures this ceiling reports (it runs both: a get needs the data).
+    reports: tuple[str, ...] = ("put", "get")
+
+    def put(self, names: list[str], blocks: list[memoryview]) -> None:
+        raise NotImplementedError
+
+    def get(self, names: list[str], outs: list[memoryview]) -> None:
+        raise NotImplementedError
+
+    def clear(self, names: list[str]) -> None:
+        """Drop what a round stored (untimed)."""
+
+    def close(self) -> None:
+        """Release the medium."""
+
+
+class MemcpyRaw(Raw):
+    label = "memcpy"
+
+    def __init__(self) -> None:
+        self.slots: dict[str, bytearray] = {}
+        self.spare: list[bytearray] = []
+
+    def prepare(self, count: int, size: int) -> None:
+        # preallocated and touched, so the copy never pays for page faults
+        self.spare = [bytearray(b"\1" * size) for _ in range(count)]
+
+    def put(self, names: list[str], blocks: list[memoryview]) -> None:
+        for name, block, slot in zip(names, blocks, self.spare):
+            slot[:] = block
+            self.slots[name] = slot
+
+    def get(self, names: list[str], outs: list[memoryview]) -> None:
+        for name, out in zip(names, outs):
+            out[:] = self.slots[name]
+
+    def clear(self, names: list[str]) -> None:
+        for name in names:
+            self.slots.pop(name, None)
+
+
+class FileRaw(Raw):
+    """One file per block; ``direct`` reads with O_DIRECT through an aligned buffer."""
+
+    def __init__(self, root: Path, fsync: bool, direct: bool = False) -> None:
+        self.root, self.fsync, self.direct = root, fsync, direct
+        self.label = "file I/O O_DIRECT" if direct else "file I/O"
+        if direct:
+            self.reports = ("get",)  # it writes as the plain one does
+        self.scratch: memoryview | None = None
+        root.mkdir(parents=True, exist_ok=True)
+
+    def put(self, names: list[str], blocks: list[memoryview]) -> None:
+        for name, block in zip(names, blocks):
+            with open(self.root / name, "wb") as f:
+                f.write(block)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        if self.fsync:
+            fd = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def get(self, names: list[str], outs: list[memoryview]) -> None:
+        if self.direct:
+            self._get_direct(names, outs)
+            return
+        for name, out in zip(names, outs):
+            with open(self.root / name, "rb", buffering=0) as f:
+                f.readinto(out)
+
+    def _get_direct(self, names: list[str], outs: list[memoryview]) -> None:
+        size = outs[0].nbytes
+        aligned = -(-size // 4096) * 4096
+        if self.scratch is None or self.scratch.nbytes < aligned:
+            self.scratch = memoryview(mmap.mmap(-1, aligned))  # page aligned, as O_DIRECT wants
+        view = self.scratch[:aligned]
+        for name, out in zip(names, outs):
+            fd = os.open(self.root / name, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            try:
+                got = os.readv(fd, [view])
+            finally:
+                os.close(fd)
+            out[:] = view[: min(got, out.nbytes)]
+
+    def clear(self, names: list[str]) -> None:
+        for name in names:
+            (self.root / name).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class ObstoreRaw(Raw):
+    """Plain obstore calls; ``concurrency`` > 1 runs them on that many threads."""
+
+    def __init__(self, options: dict[str, Any], prefix: str, concurrency: int) -> None:
+        import obstore
+        from obstore.store import S3Store
+
+        self.obstore = obstore
+        config: dict[str, Any] = {"region": options.get("region") or "us-east-1"}
+        for key in ("endpoint", "access_key_id", "secret_access_key"):
+            if options.get(key):
+                config[key] = options[key]
+        endpoint = options.get("endpoint") or ""
+        allow_http = options.get("allow_http")
+        self.store = S3Store(
+            options["bucket"], config=config,  # type: ignore[arg-type]
+            client_options={"allow_http": endpoint.startswith("http://")
+                            if allow_http is None else bool(allow_http)})
+        self.prefix = prefix
+        self.concurrency = concurrency
+        self.label = "obstore" if concurrency == 1 else f"obstore x{concurrency}"
+        self.pool = ThreadPoolExecutor(concurrency) if concurrency > 1 else None
+
+    def _each(self, fn: Callable[[int], None], n: int) -> None:
+        if self.pool is None:
+            for i in range(n):
+                fn(i)
+        else:
+            list(self.pool.map(fn, range(n)))
+
+    def put(self, names: list[str], blocks: list[memoryview]) -> None:
+        def one(i: int) -> None:
+            self.obstore.put(self.store, f"{self.prefix}/{names[i]}", blocks[i],
+                             use_multipart=False)
+
+        self._each(one, len(names))
+
+    def get(self, names: list[str], outs: list[memoryview]) -> None:
+        def one(i: int) -> None:
+            outs[i][:] = memoryview(self.obstore.get(self.store,
+                                                     f"{self.prefix}/{names[i]}").bytes())
+
+        self._each(one, len(names))
+
+    def clear(self, names: list[str]) -> None:
+        self.obstore.delete(self.store, [f"{self.prefix}/{n}" for n in names])
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+class PeerRaw(Raw):
+    label = "socket"
+
+    def __init__(self) -> None:
+        from kvtier.bench.servers import RawPeer
+
+        self.peer = RawPeer()
+
+    def put(self, names: list[str], blocks: list[memoryview]) -> None:
+        self.peer.put(blocks)
+
+    def get(self, names: list[str], outs: list[memoryview]) -> None:
+        self.peer.get(outs)
+
+    def close(self) -> None:
+        self.peer.close()
+
+
+@dataclass
+class Plan:
+    """One tier to measure: its validated entry and the ceilings to set beside it."""
+
+    tier: TierConfig
+    raws: Callable[[], list[Raw]]
+    note: str = ""
+
+
+def _chain_of(tier: TierConfig) -> ChainConfig:
+    return ChainConfig((tier,), MetricsConfig(), tier.where)
+
+
+def _local_dir(url: str) -> Path | None:
+    if url.startswith("file://"):
+        return Path(url[len("file://"):])
+    return Path(url) if url.startswith("/") else None
+
+
+def _raws_for(tier: TierConfig, tag: str, local: bool) -> tuple[Callable[[], list[Raw]], str]:
+    opts = dict(tier.options)
+    if tier.backend == "host":
+        return lambda: [MemcpyRaw()], ""
+    if tier.backend == "fs":
+        where = _local_dir(str(opts.get("url", "")))
+        if where is None:
+            return list, "no raw ceiling: not a local path"
+        root = where.parent / f"{where.name}-bench-raw-{tag}"
+        fsync = bool(opts.get("fsync"))
+        if opts.get("direct_io") and hasattr(os, "O_DIRECT"):
+            # the tier reads large blocks past the page cache: so does one ceiling
+            return lambda: [FileRaw(root, fsync), FileRaw(root / "d", fsync, direct=True)], ""
+        return lambda: [FileRaw(root, fsync)], ""
+    if tier.backend == "object":
+        prefix = "/".join(p for p in (str(opts.get("prefix") or "").strip("/"),
+                                      f"kvtier-bench-raw-{tag}") if p)
+        n = int(opts.get("concurrency") or 16)
+        return lambda: [ObstoreRaw(opts, prefix, 1), ObstoreRaw(opts, prefix, n)], ""
+    if tier.backend == "peer":
+        if local:
+            return lambda: [PeerRaw()], ""
+        return list, "no raw ceiling: the server is not one this bench started"
+    return list, "no raw ceiling known for this backend"
+
+
+@contextmanager
+def tier_plan(settings: BenchSettings, stack: ExitStack) -> Iterator[tuple[list[Plan], list[str]]]:
+    """The tiers to measure, with any server they need started on ``stack``."""
+    notes: list[str] = []
+    scratch = Path(tempfile.mkdtemp(prefix="kvtier-bench-"))
+    stack.callback(shutil.rmtree, scratch, True)
+    tag = os.urandom(4).hex()
+    if settings.config is not None:
+        tiers = list(load_config(settings.config).tiers)
+        local_peers: set[str] = set()
+    else:
+        entries, local_peers = _default_entries(settings, scratch, stack, notes)
+        tiers = list(load_config({"chain": entries}).tiers) if entries else []
+    plans = []
+    for tier in tiers:
+        raws, note = _raws_for(tier, tag, tier.name in local_peers)
+        plans.append(Plan(tier, raws, note))
+    yield plans, notes
+
+
+def _default_entries(settings: BenchSettings, scratch: Path, stack: ExitStack,
+                     notes: list[str]) -> tuple[list[dict[str, Any]], set[str]]:
+    batch = settings.block_size * settings.blocks
+    entries: list[dict[str, Any]] = []
+    local: set[str] = set()
+    for backend in settings.backends:
+        if backend == "host":
+            capacity = 4 * batch + (64 << 20)
+            entries.append({"name": "host", "backend": "host", "capacity": capacity})
+            # the payload checksum on every read is most of what host costs over a copy
+            entries.append({"name": "host-noverify", "backend": "host", "capacity": capacity,
+                            "verify": False})
+        elif backend == "fs":
+            entries.append({"name": "fs", "backend": "fs", "url": f"file://{scratch}/fs"})
+            entries.append({"name": "fs-cached", "backend": "fs", "direct_io": False,
+                            "url": f"file://{scratch}/fs-cached"})
+        elif backend == "object":
+            entry = _object_entry(stack, notes)
+            if entry is not None:
+                entries.append(entry)
+        elif backend == "peer":
+            from kvtier.bench.servers import ServeProcess
+
+            server = ServeProcess(scratch, 4 * batch + (64 << 20))
+            stack.callback(server.stop)
+            entries.append({"name": "peer", "backend": "peer", "peers": [server.start()],
+                            "max_payload": max(256 << 20, 2 * batch)})
+            local.add("peer")
+        else:
+            raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BUILTIN)}")
+    return entries, local
+
+
+def _object_entry(stack: ExitStack, notes: list[str]) -> dict[str, Any] | None:
+    endpoint = os.environ.get("KVTIER_BENCH_S3_ENDPOINT")
+    entry: dict[str, Any] = {"name": "object", "backend": "object", "prefix": "kvtier-bench"}
+    if endpoint:
+        bucket = os.environ.get("KVTIER_BENCH_S3_BUCKET")
+        if not bucket:
+            notes.append("object: KVTIER_BENCH_S3_ENDPOINT set without KVTIER_BENCH_S3_BUCKET")
+            return None
+        entry.update(endpoint=endpoint, bucket=bucket)
+        return entry
+    from kvtier.bench.servers import WeedProcess, find_weed
+
+    weed = find_weed()
+    if weed is None:
+        notes.append("object: skipped (no KVTIER_BENCH_S3_ENDPOINT and no weed binary)")
+        return None
+    server = WeedProcess(weed)
+    stack.callback(server.stop)
+    entry.update(endpoint=server.start(), bucket=server.bucket,
+                 access_key_id="bench", secret_access_key="bench")
+    notes.append(f"object: a local SeaweedFS (weed mini) at {server.endpoint}")
+    return entry
+
+
+def _blocks(count: int, size: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [rng.bytes(size) for _ in range(count)]
+
+
+def _check(outs: Sequence[memoryview], blocks: Sequence[bytes]) -> int:
+    """How many blocks came back different from what was written."""
+    return sum(out != block for out, block in zip(outs, blocks))
+
+
+def _measure_tier(plan: Plan, settings: BenchSettings, namespace: Namespace,
+                  progress: Progress) -> list[dict[str, Any]]:
+    tier = plan.tier
+    n, size = settings.blocks, settings.block_size
+    batch = n * size
+    blocks = _blocks(n, size, seed=len(tier.name))
+    views = [memoryview(b) for b in blocks]
+    outs = [bytearray(size) for _ in range(n)]
+    out_views = [memoryview(o) for o in outs]
+    kv = {"put": Series(batch), "get": Series(batch)}
+    raws = plan.raws()
+    raw_series = [{"put": Series(batch), "get": Series(batch)} for _ in raws]
+    bad = {"kvtier": 0, **{raw.label: 0 for raw in raws}}
+    chain = Chain(_chain_of(tier), namespace, job_workers=1)
+    try:
+        for raw in raws:
+            if isinstance(raw, MemcpyRaw):
+                raw.prepare(n, size)
+        for rnd in range(settings.rounds + 1):  # round 0 warms up and is not counted
+            keys = [os.urandom(16) for _ in range(n)]
+            names = [k.hex() for k in keys]
+            counted = rnd > 0
+            # alternate who goes first, so neither always meets a cold or a warm medium
+            order: list[int] = [-1, *range(len(raws))]
+            if rnd % 2:
+                order.reverse()
+            for who in order:
+                series = kv if who < 0 else raw_series[who]
+                for buf in outs:
+                    buf[:1] = b"\0"  # a skipped read cannot pass the check
+                put, get = series["put"], series["get"]
+                if who < 0:
+                    start = time.perf_counter()
+                    stored = chain.put(keys, blocks)
+                    t_put = time.perf_counter() - start
+                    start = time.perf_counter()
+                    found = chain.get(keys, outs)
+                    t_get = time.perf_counter() - start
+                    bad["kvtier"] += (n - sum(stored)) + (n - sum(found))
+                    bad["kvtier"] += _check(out_views, blocks)
+                    chain.evict(keys)
+                else:
+                    raw = raws[who]
+                    start = time.perf_counter()
+                    raw.put(names, views)
+                    t_put = time.perf_counter() - start
+                    start = time.perf_counter()
+                    raw.get(names, out_views)
+                    t_get = time.perf_counter() - start
+                    bad[raw.label] += _check(out_views, blocks)
+                    raw.clear(names)
+                if counted:
+                    put.seconds.append(t_put)
+                    get.seconds.append(t_get)
+            progress.step(f"{tier.name} round {rnd}/{settings.rounds}")
+    finally:
+        chain.close()
+        for raw in raws:
+            raw.close()
+    rows = []
+    for op in ("put", "get"):
+        row: dict[str, Any] = {
+            "tier": tier.name, "backend": tier.backend, "op": op,
+            "block_size": size, "blocks_per_call": n,
+            "kvtier": kv[op].summary(),
+            "raw": [{"name": raw.label, **s[op].summary()}
+                    for raw, s in zip(raws, raw_series) if op in raw.reports],
+            "verified": all(v == 0 for v in bad.values()),
+            "mismatches": bad,
+        }
+        kv_p50 = row["kvtier"]["p50_ms"]
+        for raw_row in row["raw"]:
+            raw_row["ratio"] = row["kvtier"]["gbps"] / raw_row["gbps"] if raw_row["gbps"] else None
+            # the same ratio from the median batches: one disturbed round does not move it
+            raw_row["ratio_p50"] = raw_row["p50_ms"] / kv_p50 if kv_p50 else None
+        if plan.note:
+            row["note"] = plan.note
+        rows.append(row)
+    return rows
+
+
+def run_tiers(settings: BenchSettings, progress: Progress) -> dict[str, Any]:
+    """Measure every planned tier; the ``tiers`` section of the report."""
+    namespace = Namespace(f"kvtier-bench-{os.urandom(4).hex()}", dtype="bfloat16",
+                          tokens_per_block=16)
+    results: list[dict[str, Any]] = []
+    with ExitStack() as stack, tier_plan(settings, stack) as (plans, notes):
+        progress.add(len(plans) * (settings.rounds + 1))
+        for plan in plans:
+            results.extend(_measure_tier(plan, settings, namespace, progress))
+    return {"results": results, "notes": notes}
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (0.0, 0.0, 0.0)
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": [round(x, 2) for x in load],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def settings_dict(settings: BenchSettings) -> dict[str, Any]:
+    return dataclasses.asdict(settings)

@@ -1,0 +1,338 @@
+"""The self-describing block format every tier stores.
+
+Layout of a stored block::
+
+    b"KVTB" | header length (u16, little endian) | msgpack header | payload
+
+The header is a msgpack array, in this order:
+
+==========  ==========================================================
+version     :data:`~kvtier.block.namespace.FORMAT_VERSION`
+namespace   16-byte namespace fingerprint
+key         the block's key (1-64 bytes)
+stored_len  length of the payload as stored (after the codec)
+codec       0 = none, 1 = zstd
+checksum    xxh3-64 of the stored payload, seeded with ``shuffle``, 8 bytes big-endian
+raw_len     length of the payload before the codec
+shuffle     byte-shuffle element size applied before the codec, 0 = none
+==========  ==========================================================
+
+An uncompressed payload of :data:`ALIGN_MIN` bytes or more starts at a
+:data:`ALIGN` boundary of the block: zero bytes pad the header up to it (they
+must be zero to decode).  A block stored as a file then has its payload at an
+aligned file offset, and a reader using ``O_DIRECT`` lands it straight in
+page-aligned memory, such as an engine's KV rows, without a copy.
+
+Decoding checks every field against what the reader expects; any mismatch is
+a :class:`CorruptBlockError`, which tiers turn into a miss and a counter.
+The checksum covers the payload, and through its seed the shuffle width,
+the one header field that changes decoded bytes without being cross-checked
+(``raw_len`` is checked against the zstd frame, ``codec`` against the lengths).
+Decoding never executes anything: msgpack with explicit size limits, plain
+ints and bytes only.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import xxhash
+import zstandard
+
+from kvtier.block.namespace import FORMAT_VERSION
+from kvtier.spec import BytesLike, KvtierError
+
+__all__ = [
+    "ALIGN",
+    "ALIGN_MIN",
+    "CODECS",
+    "MAGIC",
+    "Codec",
+    "CorruptBlockError",
+    "Header",
+    "check_payload",
+    "decode_into",
+    "encode",
+    "encode_parts",
+    "header_size",
+    "parse_header",
+    "recode",
+]
+
+MAGIC = b"KVTB"
+_PREFIX = struct.Struct("<4sH")
+_MAX_HEADER = 512
+CODEC_NONE = 0
+CODEC_ZSTD = 1
+CODECS = {"none": CODEC_NONE, "zstd": CODEC_ZSTD}
+#: Alignment of large uncompressed payloads within a block (a page, and the
+#: logical block size of common disks).
+ALIGN = 4096
+#: Uncompressed payloads from this size on are aligned; below it the padding
+#: would cost more than 1.6% of the block.
+ALIGN_MIN = 256 << 10
+# a zstd block of up to 128 KiB of output takes at least 4 bytes (an RLE block),
+# so no frame expands more than this: bounds what a header may make us allocate
+_MAX_ZSTD_RATIO = 1 << 15
+
+
+class CorruptBlockError(KvtierError, ValueError):
+    """A stored block failed a check: wrong magic, namespace, key, length or checksum.
+
+    Never reaches a chain's caller: the tier counts it and answers a miss.
+    """
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How a tier encodes payloads: ``zstd`` at ``level``, after byte-shuffle."""
+
+    name: str = "none"
+    level: int = 1
+    shuffle: int = 0
+
+    @property
+    def codec_id(self) -> int:
+        return CODECS[self.name]
+
+
+@dataclass(frozen=True)
+class Header:
+    namespace: bytes
+    key: bytes
+    stored_len: int
+    codec: int
+    checksum: bytes
+    raw_len: int
+    shuffle: int
+    size: int  # bytes taken by magic, length and header before the payload
+
+
+_local = threading.local()  # zstd contexts are not safe to share between threads
+
+
+def _compressor(level: int) -> Any:
+    cache: dict[int, Any] = _local.__dict__.setdefault("compressors", {})
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level)
+    return cache[level]
+
+
+def _decompressor() -> Any:
+    if not hasattr(_local, "decompressor"):
+        _local.decompressor = zstandard.ZstdDecompressor()
+    return _local.decompressor
+
+
+def _shuffle(payload: BytesLike, width: int) -> bytes:
+    """Group byte ``j`` of every element together: exponent bytes compress well."""
+    data = np.frombuffer(payload, dtype=np.uint8)
+    whole = len(data) - len(data) % width
+    body = data[:whole].reshape(-1, width).T.tobytes()
+    return body + data[whole:].tobytes()
+
+
+def _unshuffle_into(shuffled: BytesLike, width: int, out: memoryview) -> None:
+    src = np.frombuffer(shuffled, dtype=np.uint8)
+    dst = np.frombuffer(out, dtype=np.uint8)
+    whole = len(src) - len(src) % width
+    dst[:whole].reshape(-1, width)[:] = src[:whole].reshape(width, -1).T
+    dst[whole:] = src[whole:]
+
+
+def _header_bytes(
+    namespace: bytes,
+    key: bytes,
+    stored_len: int,
+    codec: int,
+    checksum: bytes,
+    raw_len: int,
+    shuffle: int,
+) -> bytes:
+    body: bytes = msgpack.packb(
+        [FORMAT_VERSION, namespace, key, stored_len, codec, checksum, raw_len, shuffle],
+        use_bin_type=True,
+    )
+    head = _PREFIX.pack(MAGIC, len(body)) + body
+    if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
+        return head + bytes(-len(head) % ALIGN)
+    return head
+
+
+def header_size(namespace: bytes, key: bytes, payload_len: int) -> int:
+    """Bytes before the payload in an uncompressed block of ``payload_len``.
+
+    Lets a reader size a scatter list ``[header, payload]`` so an
+    uncompressed block lands straight in the caller's buffer.
+    """
+    return len(_header_bytes(namespace, key, payload_len, CODEC_NONE, bytes(8), payload_len, 0))
+
+
+def encode_parts(
+    namespace: bytes, key: bytes, payload: BytesLike, codec: Codec
+) -> tuple[bytes, BytesLike]:
+    """Encode one block as ``(header, stored_payload)``, a gather list.
+
+    With codec ``none`` the payload is passed through uncopied: the caller
+    decides whether to join the parts or write them with a gather call.
+    """
+    view = memoryview(payload).cast("B")
+    raw_len = view.nbytes
+    shuffle = 0
+    stored: BytesLike = view
+    if codec.name == "zstd":
+        if codec.shuffle > 1 and raw_len >= codec.shuffle:
+            stored = _shuffle(view, codec.shuffle)
+            shuffle = codec.shuffle
+        stored = _compressor(codec.level).compress(stored)
+    checksum = _checksum(stored, shuffle)
+    header = _header_bytes(namespace, key, len(stored), codec.codec_id, checksum, raw_len, shuffle)
+    return header, stored
+
+
+def _checksum(stored: BytesLike, shuffle: int) -> bytes:
+    # the seed binds the shuffle width: a flipped width would pass the payload
+    # check and hand out scrambled bytes
+    digest: bytes = xxhash.xxh3_64_digest(stored, seed=shuffle)
+    return digest
+
+
+def encode(namespace: bytes, key: bytes, payload: BytesLike, codec: Codec) -> bytes:
+    """Encode one block as a single ``bytes`` object (one copy of the payload)."""
+    header, stored = encode_parts(namespace, key, payload, codec)
+    return b"".join((header, stored))
+
+
+def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
+    """Parse and check the header at the start of ``blob``.
+
+    Checks magic, version, namespace and key; the payload's length and
+    checksum are checked by :func:`decode_into`.
+    """
+    view = memoryview(blob).cast("B")
+    if view.nbytes < _PREFIX.size:
+        raise CorruptBlockError("block shorter than its prefix")
+    magic, hlen = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptBlockError("bad magic")
+    if hlen > _MAX_HEADER or view.nbytes < _PREFIX.size + hlen:
+        raise CorruptBlockError("bad header length")
+    try:
+        fields = msgpack.unpackb(
+            view[_PREFIX.size : _PREFIX.size + hlen],
+            raw=True,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=128,
+            max_str_len=0,
+            max_array_len=16,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptBlockError(f"unreadable header: {exc}") from None
+    if not isinstance(fields, list) or len(fields) != 8:
+        raise CorruptBlockError("header is not an 8-field array")
+    version, ns, hkey, stored_len, codec, checksum, raw_len, shuffle = fields
+    if version != FORMAT_VERSION:
+        raise CorruptBlockError(f"format version {version!r}, expected {FORMAT_VERSION}")
+    if ns != namespace:
+        raise CorruptBlockError("block belongs to another namespace")
+    if hkey != key:
+        raise CorruptBlockError("block belongs to another key")
+    ints = (stored_len, codec, raw_len, shuffle)
+    if not all(type(v) is int and v >= 0 for v in ints):
+        raise CorruptBlockError("header fields have wrong types")
+    if codec not in (CODEC_NONE, CODEC_ZSTD) or shuffle not in (0, 2, 4, 8):
+        raise CorruptBlockError(f"unknown codec {codec} or shuffle {shuffle}")
+    if not isinstance(checksum, bytes) or len(checksum) != 8:
+        raise CorruptBlockError("bad checksum field")
+    if codec == CODEC_NONE and (raw_len != stored_len or shuffle):
+        raise CorruptBlockError("uncompressed block with inconsistent lengths")
+    size = _PREFIX.size + hlen
+    if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
+        size += -size % ALIGN
+        padding = view[_PREFIX.size + hlen : size].tobytes()
+        if padding != bytes(size - _PREFIX.size - hlen):  # short, or not zero
+            raise CorruptBlockError("header padding is short or not zero")
+    if codec == CODEC_ZSTD:
+        _check_zstd_sizes(view[size:], stored_len, raw_len)
+    return Header(ns, hkey, stored_len, codec, checksum, raw_len, shuffle, size)
+
+
+def _check_zstd_sizes(stored: memoryview, stored_len: int, raw_len: int) -> None:
+    """Refuse a raw length no frame of this size can produce, before anyone allocates it.
+
+    Callers size buffers from ``raw_len`` right after parsing; the header is
+    not under the checksum, so a flipped bit there must not become a huge
+    allocation.  With the payload at hand the frame's own size is compared too.
+    """
+    if raw_len > stored_len * _MAX_ZSTD_RATIO:
+        raise CorruptBlockError(f"raw length {raw_len} is impossible for {stored_len} stored")
+    if stored.nbytes == stored_len:
+        try:
+            size = zstandard.frame_content_size(stored)
+        except zstandard.ZstdError as exc:
+            raise CorruptBlockError(f"zstd: {exc}") from None
+        if size != raw_len:
+            raise CorruptBlockError("zstd frame size differs from header")
+
+
+def check_payload(header: Header, stored: BytesLike, verify: bool) -> None:
+    """Check the stored payload's length, and its checksum when ``verify``."""
+    if memoryview(stored).nbytes != header.stored_len:
+        raise CorruptBlockError(
+            f"payload is {memoryview(stored).nbytes} bytes, header says {header.stored_len}"
+        )
+    if verify and _checksum(stored, header.shuffle) != header.checksum:
+        raise CorruptBlockError("checksum mismatch")
+
+
+def decode_into(
+    blob: BytesLike, namespace: bytes, key: bytes, out: memoryview, *, verify: bool = True
+) -> Header:
+    """Check ``blob`` fully and write its raw payload into ``out``.
+
+    ``out`` must be exactly the raw payload size; a block of another size is
+    corrupt as far as this reader is concerned.  On error ``out`` may have
+    been partly written.
+    """
+    header = parse_header(blob, namespace, key)
+    stored = memoryview(blob).cast("B")[header.size :]
+    check_payload(header, stored, verify)
+    if header.raw_len != out.nbytes:
+        raise CorruptBlockError(f"block holds {header.raw_len} bytes, reader expects {out.nbytes}")
+    if header.codec == CODEC_NONE:
+        out[:] = stored
+        return header
+    try:
+        # a frame may claim any size; allocate only what the checked header allows
+        if zstandard.frame_content_size(stored) != header.raw_len:
+            raise CorruptBlockError("zstd frame size differs from header")
+        raw = _decompressor().decompress(stored, max_output_size=header.raw_len)
+    except zstandard.ZstdError as exc:
+        raise CorruptBlockError(f"zstd: {exc}") from None
+    if len(raw) != header.raw_len:
+        raise CorruptBlockError("decompressed length differs from header")
+    if header.shuffle:
+        _unshuffle_into(raw, header.shuffle, out)
+    else:
+        out[:] = raw
+    return header
+
+
+def recode(blob: BytesLike, namespace: bytes, key: bytes, codec: Codec, *, verify: bool) -> bytes:
+    """Re-encode a checked block for a tier with another codec (promotion, demotion)."""
+    header = parse_header(blob, namespace, key)
+    stored = memoryview(blob).cast("B")[header.size :]
+    check_payload(header, stored, verify)
+    if header.codec == codec.codec_id and (codec.name == "none" or header.shuffle == codec.shuffle):
+        return blob if isinstance(blob, bytes) else bytes(blob)
+    raw = bytearray(header.raw_len)
+    decode_into(blob, namespace, key, memoryview(raw), verify=False)
+    return encode(namespace, key, raw, codec)

@@ -1,0 +1,139 @@
+"""The ``kvtier`` command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from kvtier import __version__
+from kvtier.plugins.registry import default_registry
+from kvtier.spec import CONTRACT_VERSION, Capabilities, KvtierError, PluginError
+
+__all__ = ["main"]
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    sys.exit(2)
+
+
+def _capability_text(caps: Capabilities) -> str:
+    flags = [
+        name
+        for name in ("persistent", "shared", "thread_safe", "reports_evictions")
+        if getattr(caps, name)
+    ]
+    if caps.max_block_size:
+        flags.append(f"max_block={caps.max_block_size}")
+    flags.extend(f"{k}={v}" for k, v in caps.extra.items())
+    return ", ".join(flags) or "-"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    __version__, prog_name="kvtier", message=f"%(prog)s %(version)s (contract {CONTRACT_VERSION})"
+)
+def cli() -> None:
+    """kvtier: storage tiers for LLM KV cache."""
+
+
+@cli.command()
+def backends() -> None:
+    """List installed backends, who provides them, their options and capabilities."""
+    registry = default_registry()
+    table = Table(title=f"kvtier backends (contract {CONTRACT_VERSION})")
+    for column in ("backend", "provided by", "entry point", "options", "capabilities"):
+        table.add_column(column, overflow="fold")
+    for name in registry.names():
+        try:
+            info = registry.info(name)
+            handle = registry.create(name)
+            options = ", ".join(
+                f"{key}{'*' if opt.required else ''}:{opt.type}"
+                for key, opt in handle.options().items()
+            )
+        except PluginError as exc:
+            table.add_row(name, "-", "-", f"[red]{escape(str(exc))}[/]", "-")
+            continue
+        try:
+            caps = _capability_text(handle.capabilities())
+        except Exception:  # a backend may only know its capabilities once opened
+            caps = "(known once opened)"
+        provider = f"{info.distribution} {info.version}" if info.distribution else "-"
+        table.add_row(name, provider, info.value, escape(options or "-"), escape(caps))
+    console.print(table)
+    console.print("* required option", style="dim")
+
+
+@cli.group()
+def config() -> None:
+    """Check and explain chain configuration files."""
+
+
+@config.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+def validate(file: str) -> None:
+    """Validate FILE fully; exit 2 with the file, line and key of the first problem."""
+    from kvtier.config.loader import load_config
+
+    try:
+        loaded = load_config(file)
+    except KvtierError as exc:
+        _fail(exc)
+        return
+    names = " -> ".join(t.name for t in loaded.tiers)
+    console.print(f"{file}: OK, {len(loaded.tiers)} tier(s): {names}", highlight=False)
+
+
+@config.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+def explain(file: str) -> None:
+    """Show the chain in FILE as a table, with defaults filled in."""
+    from kvtier.config.loader import describe, load_config
+
+    try:
+        loaded = load_config(file)
+    except KvtierError as exc:
+        _fail(exc)
+        return
+    rows: list[dict[str, Any]] = describe(loaded)
+    table = Table(title=f"chain in {file} (reads go top to bottom)")
+    columns = list(rows[0]) if rows else []
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(str(row[c])) for c in columns))
+    console.print(table)
+
+
+def _attach_commands() -> None:
+    # these modules import their heavy dependencies (pytest, vLLM) only when run
+    from kvtier.bench.cli import bench_command
+    from kvtier.cli.conformance import conformance_command
+    from kvtier.contrib.vllm import vllm_args_command
+    from kvtier.peer.server import serve_command
+
+    cli.add_command(bench_command)
+    cli.add_command(conformance_command)
+    cli.add_command(serve_command)
+    cli.add_command(vllm_args_command)
+
+
+_attach_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``kvtier`` script."""
+    cli.main(args=argv, prog_name="kvtier")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,509 @@
+"""Tier-chain configuration: one YAML file (or dict) picks the tiers.
+
+The file holds ``chain`` (tier entries, top to bottom), optionally ``metrics``
+and ``version: 1``.  A tier takes the keys in :data:`TIER_KEYS`; its other keys
+are options of its backend, validated against ``kvtier_options`` and parsed
+(sizes to bytes, durations to seconds).  ``${VAR}``, ``${VAR:-default}`` and
+``$$`` are expanded in string values first.  Every error names the file, the
+line and the key path; values of secret options are never shown.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import ReaderError
+
+from kvtier.config.units import parse_duration, parse_size
+from kvtier.plugins.registry import BackendRegistry, default_registry
+from kvtier.spec import ConfigError, Option, PluginError
+
+__all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config"]
+
+#: Keys every tier entry accepts, whatever its backend.
+TIER_KEYS = frozenset(
+    {"name", "backend", "codec", "codec_level", "shuffle", "write", "promote", "verify", "workers"}
+)
+_TOP_KEYS = ("chain", "metrics", "version")
+_METRICS_KEYS = ("prometheus_port", "log_interval")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
+_VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LAST_PART_RE = re.compile(r"(\.[^.\[]*|\[\d+\])$")
+_INT_RE = re.compile(r"\s*[+-]?\d+\s*")
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True,
+          "false": False, "no": False, "off": False, "0": False}
+_EXPECTED = {
+    "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+    "size": "a size such as 8GiB, 500MB or 4096 (bytes)",
+    "duration": "a duration such as 250ms, 2s or 1m", "list": "a list", "map": "a mapping",
+}
+_T = "tag:yaml.org,2002:"
+_SCALAR_TAGS = frozenset(_T + t for t in ("str", "int", "float", "bool", "null", "timestamp"))
+_MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
+# PyYAML composes (and we walk) nested collections recursively: refuse depth
+# that would exhaust the interpreter's stack instead of raising RecursionError
+_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One validated tier entry."""
+
+    name: str
+    backend: str
+    #: Backend options: validated, parsed, defaults filled (``None`` if unset).
+    options: Mapping[str, Any]
+    codec: str = "none"
+    codec_level: int = 1
+    shuffle: str | int = "auto"
+    write: str = "through"
+    promote: bool = True
+    verify: bool = True
+    workers: int = 2
+    where: str = "<dict>"
+    #: Names of options declared secret: never print their values.
+    secret_options: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    prometheus_port: int | None = None
+    log_interval: float | None = None
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    tiers: tuple[TierConfig, ...]
+    metrics: MetricsConfig
+    source: str
+
+
+class _EnvStr(str):
+    """A string produced by ``${VAR}`` expansion; may be read as int/float/bool."""
+
+    __slots__ = ()
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    registry: BackendRegistry | None = None,
+) -> ChainConfig:
+    """Read and validate a chain configuration from a YAML file path or a dict.
+
+    Raises :class:`~kvtier.spec.ConfigError` naming ``file:line`` and the key
+    path of the first problem found.
+    """
+    reg = registry if registry is not None else default_registry()
+    if not isinstance(source, (str, os.PathLike)):
+        return _Validator("<dict>", None, reg).chain(source)
+    label = os.fspath(source)
+    data, lines = _read_yaml(label)
+    return _Validator(label, lines, reg).chain(data)
+
+
+def describe(config: ChainConfig) -> list[dict[str, str]]:
+    """One row of display strings per tier, for ``kvtier config explain``."""
+    rows = []
+    for i, tier in enumerate(config.tiers):
+        opts = ", ".join(
+            f"{k}={'***' if k in tier.secret_options else _show(v)}"
+            for k, v in tier.options.items() if v is not None
+        )
+        shuffle = tier.shuffle if isinstance(tier.shuffle, str) else (
+            f"{tier.shuffle} bytes" if tier.shuffle > 1 else "off")
+        codec = f"zstd (level {tier.codec_level})" if tier.codec == "zstd" else tier.codec
+        rows.append({
+            "tier": str(i), "name": tier.name, "backend": tier.backend, "options": opts or "-",
+            "codec": codec, "shuffle": shuffle, "write": "-" if i == 0 else tier.write,
+            "promote": _show(tier.promote), "verify": _show(tier.verify),
+            "workers": str(tier.workers), "where": tier.where,
+        })
+    return rows
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def _read_yaml(label: str) -> tuple[Any, dict[str, int]]:
+    try:
+        with open(label, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", where=label) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError("invalid YAML: not UTF-8 text", where=f"{label}:{line}") from None
+    try:
+        _check_depth(label, text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        detail = "; ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise ConfigError(f"invalid YAML: {detail}", where=f"{label}:{line}") from None
+    except ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        raise ConfigError(f"invalid YAML: {exc.reason} character {exc.character!r}",
+                          where=f"{label}:{line}") from None
+    if root is None:
+        raise ConfigError("the file is empty; expected a mapping with a 'chain' list",
+                          where=f"{label}:1")
+    walker = _NodeWalker(label)
+    return walker.value(root, ""), walker.lines
+
+
+def _check_depth(label: str, text: str) -> None:
+    """Refuse collections nested deeper than :data:`_MAX_DEPTH`.
+
+    The parser below the composer is an iterative state machine, so walking
+    its events costs no stack whatever the input.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                raise ConfigError(f"collections nested deeper than {_MAX_DEPTH} levels",
+                                  where=f"{label}:{line}")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
+class _NodeWalker:
+    """Turns composed nodes into plain Python values, recording each path's line."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.lines: dict[str, int] = {}
+        self._ctor = SafeConstructor()
+        self._active: set[int] = set()
+        self._count = 0
+
+    def _fail(self, node: Node, path: str, reason: str) -> NoReturn:
+        raise ConfigError(reason, where=f"{self.label}:{node.start_mark.line + 1}",
+                          key=path or None)
+
+    def value(self, node: Node, path: str) -> Any:
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        self._count += 1
+        if self._count > _MAX_NODES:
+            self._fail(node, path, "document too large (aliases expand to too many values)")
+        if id(node) in self._active:
+            self._fail(node, path, "recursive alias")
+        if isinstance(node, ScalarNode):
+            if node.tag not in _SCALAR_TAGS:
+                self._fail(node, path, f"unsupported YAML tag {node.tag}")
+            if node.tag == _T + "timestamp":
+                return node.value  # a date is just text here
+            try:
+                return self._ctor.construct_object(node)
+            except ValueError:  # "0x_", or an int beyond Python's digit limit
+                # the exception quotes the text, which may be a secret's
+                self._fail(node, path, f"unreadable {node.tag.rpartition(':')[2]} value")
+        self._active.add(id(node))
+        try:
+            if isinstance(node, SequenceNode) and node.tag == _T + "seq":
+                return [self.value(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+            if isinstance(node, MappingNode) and node.tag == _T + "map":
+                return self._mapping(node, path)
+            self._fail(node, path, f"unsupported YAML tag {node.tag}")
+        finally:
+            self._active.discard(id(node))
+
+    def _mapping(self, node: MappingNode, path: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        merges: list[Node] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _T + "merge":
+                merges.append(value_node)
+                continue
+            if not (isinstance(key_node, ScalarNode) and key_node.tag == _T + "str"):
+                self._fail(key_node, path, "mapping keys must be strings")
+            key = key_node.value
+            sub = f"{path}.{key}" if path else key
+            if key in out:
+                self._fail(key_node, sub, f"duplicate key {key!r} "
+                           f"(first given on line {self.lines[sub]})")
+            self.lines.setdefault(sub, key_node.start_mark.line + 1)
+            out[key] = self.value(value_node, sub)
+        merged: dict[str, Any] = {}
+        for value_node in merges:  # "<<: *anchor" keys; explicit keys win
+            sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+            for src in sources:
+                if not isinstance(src, MappingNode):
+                    self._fail(src, path, "'<<' merges only mappings")
+                for k, v in self.value(src, path).items():
+                    merged.setdefault(k, v)
+        return {**merged, **out}
+
+
+class _Validator:
+    """Validates plain values (from YAML or a dict); ``lines`` maps key paths to lines."""
+
+    def __init__(self, label: str, lines: dict[str, int] | None, registry: BackendRegistry):
+        self.label = label
+        self.lines = lines
+        self.registry = registry
+
+    def where(self, path: str) -> str:
+        if self.lines is None:
+            return self.label
+        while path and path not in self.lines:  # a missing key: its parent's line
+            trimmed = _LAST_PART_RE.sub("", path)
+            path = "" if trimmed == path else trimmed
+        return f"{self.label}:{self.lines.get(path, 1)}"
+
+    def fail(self, path: str, reason: str) -> NoReturn:
+        raise ConfigError(reason, where=self.where(path), key=path or None)
+
+    def mapping(self, value: Any, path: str, what: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            self.fail(path, f"expected {what}, got {_got(value)}")
+        for key in value:
+            if not isinstance(key, str):
+                self.fail(path, f"mapping keys must be strings, got {key!r}")
+        return value
+
+    def unknown(self, path: str, key: str, accepted: list[str], extra: str = "") -> NoReturn:
+        close = difflib.get_close_matches(key, accepted, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        self.fail(path, f"unknown key {key!r}{hint} Accepted{extra}: {', '.join(accepted)}")
+
+    def chain(self, data: Any) -> ChainConfig:
+        top = self.mapping(data, "", "a mapping with a 'chain' list")
+        for key in top:
+            if key not in _TOP_KEYS:
+                self.unknown(key, key, list(_TOP_KEYS))
+        version = self.scalar(top.get("version"), "version", "int")
+        if version is not None and version != 1:
+            self.fail("version", f"unsupported configuration version {version}; "
+                                 "this kvtier reads version 1")
+        if "chain" not in top:
+            self.fail("", "missing required key 'chain' (a list of tiers)")
+        entries = top["chain"]
+        if not isinstance(entries, (list, tuple)) or not entries:
+            self.fail("chain", f"expected a non-empty list of tiers, got {_got(entries)}")
+        tiers: list[TierConfig] = []
+        seen: dict[str, str] = {}
+        for i, entry in enumerate(entries):
+            tier = self.tier(entry, f"chain[{i}]", first=i == 0)
+            if tier.name in seen:
+                self.fail(f"chain[{i}].name", f"duplicate tier name {tier.name!r} "
+                          f"(already used by {seen[tier.name]} at {self.where(seen[tier.name])})")
+            seen[tier.name] = f"chain[{i}]"
+            tiers.append(tier)
+        return ChainConfig(tuple(tiers), self.metrics(top.get("metrics")), self.label)
+
+    def metrics(self, value: Any) -> MetricsConfig:
+        if value is None:
+            return MetricsConfig()
+        entry = self.mapping(value, "metrics", "a mapping")
+        for key in entry:
+            if key not in _METRICS_KEYS:
+                self.unknown(f"metrics.{key}", key, list(_METRICS_KEYS))
+        port = self.scalar(entry.get("prometheus_port"), "metrics.prometheus_port", "int")
+        if port is not None and not 1 <= port <= 65535:
+            self.fail("metrics.prometheus_port", f"expected a port 1..65535, got {port}")
+        interval = self.scalar(entry.get("log_interval"), "metrics.log_interval", "duration")
+        if interval is not None and interval <= 0:
+            self.fail("metrics.log_interval", "must be longer than 0s")
+        return MetricsConfig(port, interval)
+
+    def tier(self, value: Any, path: str, *, first: bool) -> TierConfig:
+        entry = self.mapping(value, path, "a tier mapping with 'name' and 'backend'")
+        got: dict[str, Any] = {}
+        for key in ("name", "backend"):
+            raw = self.scalar(entry.get(key), f"{path}.{key}", "str")
+            if raw is None:
+                self.fail(f"{path}.{key}", f"missing required key {key!r}; "
+                          "every tier needs a 'name' and a 'backend'")
+            got[key] = raw
+        name, backend = got["name"], got["backend"]
+        if not _NAME_RE.fullmatch(name):
+            self.fail(f"{path}.name", f"invalid tier name {name!r}: use letters, digits, "
+                      "'_', '.' and '-'")
+        declared = self.backend_options(backend, f"{path}.backend")
+        secret = frozenset(k for k, opt in declared.items() if opt.secret)
+        accepted = sorted(TIER_KEYS | set(declared))
+        for key in entry:
+            if key not in TIER_KEYS and key not in declared:
+                self.unknown(f"{path}.{key}", key, accepted, f" for backend {backend!r}")
+        if first and entry.get("write") is not None:
+            self.fail(f"{path}.write", "'write' has no meaning on the first tier "
+                      "(it sets how a tier is written from the tier above)")
+        kw: dict[str, Any] = {}
+        for key, kind, choices in (("codec", "str", ("none", "zstd")), ("write", "str",
+                                   ("through", "back")), ("codec_level", "int", None),
+                                   ("promote", "bool", None), ("verify", "bool", None),
+                                   ("workers", "int", None)):
+            val = self.scalar(entry.get(key), f"{path}.{key}", kind, choices=choices)
+            if val is not None:
+                kw[key] = val
+        if not -7 <= kw.get("codec_level", 1) <= 22:
+            self.fail(f"{path}.codec_level", f"zstd levels run from -7 to 22, got "
+                      f"{kw['codec_level']}")
+        if not 1 <= kw.get("workers", 2) <= 64:
+            self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {kw['workers']}")
+        shuffle = self.shuffle(entry.get("shuffle"), f"{path}.shuffle")
+        options: dict[str, Any] = {}
+        for key, opt in declared.items():
+            options[key] = self.option(entry.get(key), f"{path}.{key}", opt, backend)
+        return TierConfig(name=name, backend=backend, options=MappingProxyType(options),
+                          shuffle=shuffle, where=self.where(path), secret_options=secret, **kw)
+
+    def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:
+        try:
+            declared = self.registry.options(backend)
+        except PluginError as exc:
+            raise ConfigError(str(exc), where=self.where(path), key=path) from exc
+        bad = [k for k, o in declared.items() if k in TIER_KEYS or not isinstance(o, Option)]
+        if bad:
+            raise PluginError(f"backend {backend!r} declares invalid option(s) {', '.join(bad)}: "
+                              "options must be kvtier.spec.Option and not reuse tier keys")
+        return declared
+
+    def shuffle(self, value: Any, path: str) -> str | int:
+        value = self.interpolate(value, path)
+        if value is None:
+            return "auto"
+        if isinstance(value, _EnvStr) and _INT_RE.fullmatch(value):
+            value = int(value)
+        if value == "auto" or (type(value) is int and value in (0, 1, 2, 4, 8)):
+            return str(value) if isinstance(value, str) else value
+        self.fail(path, f"expected 'auto' or an element size 0, 1, 2, 4 or 8 (0 and 1 turn "
+                        f"shuffling off), got {_got(value)}")
+
+    def option(self, value: Any, path: str, opt: Option, backend: str) -> Any:
+        if value is None and opt.required:
+            self.fail(path, f"missing required option of backend {backend!r}: {opt.help}")
+        if value is None:
+            if opt.default is None:
+                return None
+            try:
+                return _convert(opt.type, opt.default)
+            except ValueError:
+                raise PluginError(f"backend {backend!r}: option {path.rsplit('.', 1)[-1]!r} "
+                                  f"has an invalid default for type {opt.type}") from None
+        parsed = self.scalar(value, path, opt.type, choices=opt.choices, secret=opt.secret)
+        if opt.check is not None:
+            try:
+                opt.check(parsed)
+            except ValueError as exc:
+                reason = str(exc) or "rejected"
+                if opt.secret and any(str(v) in reason for v in (value, parsed) if str(v)):
+                    reason = "rejected by the backend (details hidden: secret option)"
+                self.fail(path, reason)
+        return parsed
+
+    def scalar(self, value: Any, path: str, kind: str, *,
+               choices: tuple[Any, ...] | None = None, secret: bool = False) -> Any:
+        """Interpolate, then parse ``value`` as ``kind``; ``None`` stays ``None``."""
+        value = self.interpolate(value, path, secret)
+        if value is None:
+            return None
+        try:
+            parsed = _convert(kind, value)
+        except ValueError:
+            self.fail(path, f"expected {_EXPECTED.get(kind, kind)}, got {_got(value, secret)}")
+        if choices is not None and parsed not in choices:
+            self.fail(path, f"expected one of {', '.join(map(repr, choices))}, "
+                            f"got {_got(value, secret)}")
+        return parsed
+
+    def interpolate(self, value: Any, path: str, secret: bool = False) -> Any:
+        if isinstance(value, str):
+            return self.expand(value, path, secret)
+        if isinstance(value, (list, tuple)):
+            return [self.interpolate(v, f"{path}[{i}]", secret) for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            return {k: self.interpolate(v, f"{path}.{k}", secret) for k, v in value.items()}
+        return value
+
+    def expand(self, text: str, path: str, secret: bool) -> str:
+        substituted = False
+
+        def one(m: re.Match[str]) -> str:
+            nonlocal substituted
+            body = m.group(1)
+            if m.group(0) == "$$":
+                return "$"
+            if body is None:
+                self.fail(path, "unterminated '${' (write '$$' for a literal '$')")
+            name, sep, default = body.partition(":-")
+            if not _VAR_NAME_RE.fullmatch(name):
+                shown = "" if secret else f" ${{{body}}}"
+                self.fail(path, f"invalid variable reference{shown}; "
+                                "expected ${NAME} or ${NAME:-default}")
+            found = os.environ.get(name)
+            if found is None and not sep:
+                self.fail(path, f"environment variable {name} is not set "
+                                f"(use ${{{name}:-default}} for a fallback)")
+            substituted = True
+            return found if found else default if sep else ""
+
+        result = _VAR_RE.sub(one, text) if "$" in text else text
+        return _EnvStr(result) if substituted else result
+
+
+def _convert(kind: str, value: Any) -> Any:
+    """Parse ``value`` as an option type; ``ValueError`` if it is not one."""
+    env, number = isinstance(value, _EnvStr), type(value) in (int, float)
+    if kind == "str" and isinstance(value, str):
+        return str(value)
+    if kind == "int" and (type(value) is int or (env and _INT_RE.fullmatch(value))):
+        return int(value)
+    if kind == "float" and (number or env):
+        return float(value)  # an env string that is no number raises ValueError
+    if kind == "bool" and (isinstance(value, bool) or (env and value.strip().lower() in _BOOLS)):
+        return value if isinstance(value, bool) else _BOOLS[value.strip().lower()]
+    if kind in ("size", "duration"):
+        return parse_size(value) if kind == "size" else parse_duration(value)
+    if kind == "list" and isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if kind == "map" and isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    raise ValueError(kind)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return str(value) if isinstance(value, _EnvStr) else value
+
+
+def _got(value: Any, secret: bool = False) -> str:
+    """``value`` as an error message shows it after "got"."""
+    if secret:
+        return f"a {type(value).__name__} (value hidden: secret option)"
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list" if value else "an empty list"
+    text = repr(str(value) if isinstance(value, str) else value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if isinstance(value, str) else f"{type(value).__name__} {text}"

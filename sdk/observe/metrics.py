@@ -1,0 +1,150 @@
+"""Per-tier figures out of the process: a Prometheus endpoint and a periodic log line.
+
+Both are switched on from the chain's YAML::
+
+    metrics:
+      prometheus_port: 9464   # needs `pip install 'kvtier[metrics]'`
+      log_interval: 30s
+
+Every open chain with the same port is exported by one HTTP server, labelled
+by namespace and tier.  The figures are read from :meth:`Chain.stats` at
+scrape time, so the data path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from kvtier.config.units import format_size
+from kvtier.spec import ConfigError
+
+if TYPE_CHECKING:
+    from kvtier.chain.chain import Chain
+    from kvtier.config.loader import MetricsConfig
+
+__all__ = ["MetricsReporter", "summary_line"]
+
+log = logging.getLogger("kvtier.observe.metrics")
+
+#: Counters exported for every tier: (stats key, metric name, help).
+COUNTERS = (
+    ("hits", "hits", "blocks served by the tier"),
+    ("misses", "misses", "blocks asked of the tier and not found"),
+    ("bytes_in", "written_bytes", "payload bytes written to the tier"),
+    ("bytes_out", "served_bytes", "payload bytes served by the tier"),
+    ("errors", "errors", "backend faults"),
+    ("corrupt", "corrupt_blocks", "blocks rejected by a format or checksum check"),
+    ("evictions", "evictions", "blocks pushed out by capacity"),
+    ("demoted", "demoted_blocks", "blocks written on eviction from the tier above"),
+    ("promoted", "promoted_blocks", "blocks copied up from a tier below"),
+    ("dropped", "dropped_writes", "asynchronous writes abandoned while unhealthy"),
+)
+
+_exporters: dict[int, _Exporter] = {}
+_exporters_lock = threading.Lock()
+
+
+class _Exporter:
+    """One HTTP server per port, collecting from every chain registered on it."""
+
+    def __init__(self, port: int) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError as exc:
+            raise ConfigError(
+                "needs prometheus-client: pip install 'kvtier[metrics]'",
+                key="metrics.prometheus_port",
+            ) from exc
+        self.chains: weakref.WeakSet[Chain] = weakref.WeakSet()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        self.server, self.thread = start_http_server(port, registry=self.registry)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        labels = ["namespace", "tier", "backend"]
+        families = {
+            key: CounterMetricFamily(f"kvtier_tier_{name}", text, labels=labels)
+            for key, name, text in COUNTERS
+        }
+        healthy = GaugeMetricFamily(
+            "kvtier_tier_healthy", "1 if the tier is in service", labels=labels
+        )
+        used = GaugeMetricFamily("kvtier_tier_used_bytes", "bytes held by the tier", labels=labels)
+        latency = GaugeMetricFamily(
+            "kvtier_tier_latency_seconds",
+            "batch latency quantiles",
+            labels=[*labels, "op", "quantile"],
+        )
+        for chain in list(self.chains):
+            stats = chain.stats()
+            for tier in stats["tiers"]:
+                values = [stats["namespace"], tier["name"], tier["backend"]]
+                for key, family in families.items():
+                    family.add_metric(values, tier[key])
+                healthy.add_metric(values, 1.0 if tier["healthy"] else 0.0)
+                used_bytes = tier["backend_stats"].get("used_bytes")
+                if isinstance(used_bytes, (int, float)):
+                    used.add_metric(values, used_bytes)
+                for op, summary in tier["latency"].items():
+                    for q in ("p50", "p99"):
+                        latency.add_metric([*values, op, q], summary[f"{q}_s"])
+        yield from families.values()
+        yield from (healthy, used, latency)
+
+
+def summary_line(stats: dict[str, Any]) -> str:
+    """One log line for a chain: hits/misses and bytes per tier."""
+    parts = []
+    for tier in stats["tiers"]:
+        part = (
+            f"{tier['name']}: {tier['hits']} hit {tier['misses']} miss "
+            f"{format_size(tier['bytes_out'])} out {format_size(tier['bytes_in'])} in"
+        )
+        if tier["corrupt"] or tier["errors"]:
+            part += f" {tier['corrupt']} corrupt {tier['errors']} errors"
+        if not tier["healthy"]:
+            part += " UNHEALTHY"
+        parts.append(part)
+    return f"kvtier [{stats['namespace'][:8]}] " + " | ".join(parts)
+
+
+class MetricsReporter:
+    """What a chain switches on from its ``metrics`` section; stopped by ``Chain.close``."""
+
+    def __init__(self, chain: Chain, config: MetricsConfig) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._port = config.prometheus_port
+        if self._port is not None:
+            with _exporters_lock:
+                exporter = _exporters.get(self._port)
+                if exporter is None:
+                    exporter = _exporters[self._port] = _Exporter(self._port)
+                exporter.chains.add(chain)
+        if config.log_interval:
+            chain_ref = weakref.ref(chain)
+            interval = config.log_interval
+
+            def run() -> None:
+                while not self._stop.wait(interval):
+                    target = chain_ref()
+                    if target is None:
+                        return
+                    log.info("%s", summary_line(target.stats()))
+
+            self._thread = threading.Thread(target=run, name="kvtier-stats-log", daemon=True)
+            self._thread.start()
+
+    def stop(self, chain: Chain) -> None:
+        self._stop.set()
+        if self._port is not None:
+            with _exporters_lock:
+                exporter = _exporters.get(self._port)
+                if exporter is not None:
+                    exporter.chains.discard(chain)

@@ -1,0 +1,640 @@
+"""Wire protocol between ``kvtier serve`` and the ``peer`` backend.
+
+Every message is one frame::
+
+    b"KVTP" | header length (u32 LE) | payload length (u32 LE) | msgpack header | payload
+
+The 12-byte prefix never changes between protocol versions, so a reader can
+always size (or refuse) what follows.  The header is a msgpack map with
+short string keys; ``t`` names the message type.  The payload is raw bytes:
+stored blocks concatenated, in key order, their sizes in the header.
+
+Limits, checked before anything is allocated: header <= :data:`MAX_HEADER`,
+payload <= the reader's ``max_payload`` (default :data:`DEFAULT_MAX_PAYLOAD`),
+at most :data:`MAX_KEYS` keys of 1 to :data:`MAX_KEY_LEN` bytes per request,
+and msgpack is unpacked with explicit ``max_*_len`` limits.  (4096 keys of
+64 bytes do not fit in one header: senders split batches by header size too.)  Any violation
+raises :class:`ProtocolError`; nothing here executes code from the wire.
+
+Handshake (no payloads)::
+
+    client: HELLO   {v, ns: namespace hex, n: client nonce, a: wants auth, mp: max payload}
+    server: WELCOME {v, n: server nonce, a: auth required, mp: max payload}
+            or ERROR {c: "version", v: server version, m}     (then closes)
+    client: AUTH    {mac: HMAC(secret, "client" transcript)}  only when a secret is in use
+    server: AUTH_OK {mac: HMAC(secret, "server" transcript)}  the server proves it too
+            or ERROR {c: "auth", m}                            (then closes)
+
+The transcript is ``kvtier-peer|1|<role>|<ns>|<client nonce>|<server nonce>``:
+fresh nonces on both sides defeat replay, the role defeats reflection, and
+the secret never travels.  Both sides then keep payloads within the smaller
+``mp``.
+
+Requests carry ``id`` and are batched (``k``: list of keys)::
+
+    GET    {id, k}                        -> REPLY {id, s: [size | None | -1]} + blobs
+    PUT    {id, k, s: [size]} + blobs     -> REPLY {id, r: [stored]}
+    LOOKUP {id, k}                        -> REPLY {id, r: [found]}
+    EVICT  {id, k}                        -> REPLY {id, r: [removed]}
+    STATS  {id}                           -> REPLY {id} + msgpack stats map
+    any                                   -> ERROR {id, c, m} (the request failed)
+
+In a GET reply ``None`` is a miss and ``-1`` a block that did not fit in this
+reply's payload limit: ask for it again.  The server answers the requests of
+one connection one after another, so replies arrive **in request order**;
+clients still match them by ``id``.  Several requests may be in flight on a
+connection (pipelining): the client writes them back to back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from kvtier.spec import MAX_KEY_SIZE, BytesLike, KvtierError
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "MAGIC",
+    "MAX_HEADER",
+    "MAX_KEYS",
+    "MAX_KEY_LEN",
+    "PROTOCOL_VERSION",
+    "ConnectionClosed",
+    "FrameReader",
+    "ProtocolError",
+    "Refused",
+    "VersionMismatch",
+    "client_handshake",
+    "decode_frame",
+    "format_address",
+    "frame",
+    "parse_address",
+    "parse_message",
+    "recv_exact",
+    "send_buffers",
+    "server_handshake",
+]
+
+PROTOCOL_VERSION = 1
+MAGIC = b"KVTP"
+PREFIX = struct.Struct("<4sII")
+MAX_HEADER = 64 * 1024
+DEFAULT_MAX_PAYLOAD = 256 << 20
+MAX_KEYS = 4096
+MAX_KEY_LEN = MAX_KEY_SIZE
+NONCE_LEN = 32
+MAC_LEN = 32
+#: Longest string in a header (error messages are cut to fit).
+MAX_STR = 1024
+#: Largest payload the u32 length field can declare.
+MAX_U32 = 0xFFFFFFFF
+
+# message types (plain ints: they travel as msgpack ints)
+HELLO, WELCOME, AUTH, AUTH_OK, ERROR = 1, 2, 3, 4, 5
+GET, PUT, LOOKUP, EVICT, STATS = 16, 17, 18, 19, 20
+REPLY = 32
+REQUESTS = frozenset({GET, PUT, LOOKUP, EVICT, STATS})
+NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", AUTH: "AUTH", AUTH_OK: "AUTH_OK",
+         ERROR: "ERROR", GET: "GET", PUT: "PUT", LOOKUP: "LOOKUP", EVICT: "EVICT",
+         STATS: "STATS", REPLY: "REPLY"}
+#: Size of a GET reply entry for a block that did not fit: ask again.
+RETRY = -1
+
+# writev-style calls take at most IOV_MAX buffers (1024 on Linux)
+try:
+    _IOV_MAX = min(int(os.sysconf("SC_IOV_MAX")), 1024)
+except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 16
+
+
+class ProtocolError(KvtierError, ValueError):
+    """A frame or message broke the protocol: bad magic, limits, types or lengths."""
+
+
+class VersionMismatch(ProtocolError):
+    """The other side speaks another protocol version."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+class Refused(KvtierError):
+    """The handshake was refused: protocol version, authentication, namespace.
+
+    A configuration problem, not an outage: ``auth`` tells whether the
+    secret was the reason.
+    """
+
+    def __init__(self, message: str, auth: bool = False) -> None:
+        super().__init__(message)
+        self.auth = auth
+
+
+class ConnectionClosed(ConnectionError):
+    """The other side closed the connection; ``received`` bytes of the read had arrived."""
+
+    def __init__(self, message: str, received: int = 0) -> None:
+        super().__init__(message)
+        self.received = received
+
+
+# -------------------------------------------------------------------------
+# messages
+# -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    version: int
+    namespace: str
+    nonce: bytes
+    auth: bool
+    max_payload: int
+
+
+@dataclass(frozen=True)
+class Welcome:
+    version: int
+    nonce: bytes
+    auth: bool
+    max_payload: int
+
+
+@dataclass(frozen=True)
+class Auth:
+    kind: int  # AUTH or AUTH_OK
+    mac: bytes
+
+
+@dataclass(frozen=True)
+class Error:
+    rid: int
+    code: str
+    message: str
+    version: int | None
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: int
+    rid: int
+    keys: list[bytes]
+    sizes: list[int]  # PUT only, else empty
+
+
+@dataclass(frozen=True)
+class Reply:
+    rid: int
+    sizes: list[int | None] | None  # GET
+    flags: list[bool] | None  # PUT, LOOKUP, EVICT
+
+
+Message = Hello | Welcome | Auth | Error | Request | Reply
+
+
+def _field(h: dict[str, Any], name: str) -> Any:
+    try:
+        return h[name]
+    except KeyError:
+        raise ProtocolError(f"header lacks field {name!r}") from None
+
+
+def _int(h: dict[str, Any], name: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    value = _field(h, name)
+    # bool is an int in Python but never a valid number here
+    if type(value) is not int or not lo <= value <= hi:
+        raise ProtocolError(f"field {name!r} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def _bool(h: dict[str, Any], name: str) -> bool:
+    value = _field(h, name)
+    if type(value) is not bool:
+        raise ProtocolError(f"field {name!r} must be a boolean")
+    return value
+
+
+def _bin(h: dict[str, Any], name: str, size: int) -> bytes:
+    value = _field(h, name)
+    if type(value) is not bytes or len(value) != size:
+        raise ProtocolError(f"field {name!r} must be {size} bytes")
+    return value
+
+
+def _str(h: dict[str, Any], name: str) -> str:
+    value = _field(h, name)
+    if type(value) is not str:
+        raise ProtocolError(f"field {name!r} must be a string")
+    return value
+
+
+def _keys(h: dict[str, Any]) -> list[bytes]:
+    keys = _field(h, "k")
+    if type(keys) is not list or len(keys) > MAX_KEYS:
+        raise ProtocolError(f"field 'k' must be a list of at most {MAX_KEYS} keys")
+    for key in keys:
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_LEN:
+            raise ProtocolError(f"keys must be 1 to {MAX_KEY_LEN} bytes")
+    return keys
+
+
+def _list(h: dict[str, Any], name: str) -> list[Any]:
+    value = _field(h, name)
+    if type(value) is not list:
+        raise ProtocolError(f"field {name!r} must be a list")
+    return value
+
+
+def _no_payload(kind: int, payload_len: int) -> None:
+    if payload_len:
+        raise ProtocolError(f"{NAMES[kind]} carries no payload, got {payload_len} bytes")
+
+
+def parse_message(h: dict[str, Any], payload_len: int) -> Message:
+    """Check a decoded header (and its payload length) and return the typed message.
+
+    Raises :class:`ProtocolError` for anything the protocol does not allow,
+    :class:`VersionMismatch` for a HELLO or WELCOME of another version.
+    """
+    kind = _int(h, "t", 0, 255)
+    if kind in (HELLO, WELCOME):
+        # the version is checked first: the rest of a future HELLO may differ
+        version = _int(h, "v", 0, 1 << 31)
+        if version != PROTOCOL_VERSION:
+            raise VersionMismatch(f"peer speaks protocol {version}, this side "
+                                  f"{PROTOCOL_VERSION}", version)
+        _no_payload(kind, payload_len)
+        if kind == WELCOME:
+            return Welcome(version, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
+                           _int(h, "mp", 1024, MAX_U32))
+        namespace = _str(h, "ns")
+        if len(namespace) != 32 or namespace.strip("0123456789abcdef"):
+            raise ProtocolError("field 'ns' must be 32 lowercase hex digits")
+        return Hello(version, namespace, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
+                     _int(h, "mp", 1024, MAX_U32))
+    if kind in (AUTH, AUTH_OK):
+        _no_payload(kind, payload_len)
+        return Auth(kind, _bin(h, "mac", MAC_LEN))
+    if kind == ERROR:
+        _no_payload(kind, payload_len)
+        theirs = _int(h, "v", 0, 1 << 31) if "v" in h else None
+        return Error(_int(h, "id"), _str(h, "c"), _str(h, "m"), theirs)
+    if kind in REQUESTS:
+        rid = _int(h, "id")
+        if kind == STATS:
+            _no_payload(kind, payload_len)
+            return Request(kind, rid, [], [])
+        keys = _keys(h)
+        if kind != PUT:
+            _no_payload(kind, payload_len)
+            return Request(kind, rid, keys, [])
+        sizes = _list(h, "s")
+        if len(sizes) != len(keys) or any(type(s) is not int or s < 0 for s in sizes):
+            raise ProtocolError("PUT sizes must be one non-negative integer per key")
+        if sum(sizes) != payload_len:
+            raise ProtocolError(f"PUT sizes add up to {sum(sizes)}, payload is {payload_len}")
+        return Request(kind, rid, keys, sizes)
+    if kind == REPLY:
+        rid = _int(h, "id")
+        if "s" in h:
+            sizes = _list(h, "s")
+            if len(sizes) > MAX_KEYS or any(
+                s is not None and (type(s) is not int or s < RETRY) for s in sizes
+            ):
+                raise ProtocolError("GET reply sizes must be integers >= -1 or nil")
+            if sum(s for s in sizes if s is not None and s > 0) != payload_len:
+                raise ProtocolError("GET reply sizes do not add up to its payload")
+            return Reply(rid, sizes, None)
+        if "r" in h:
+            _no_payload(kind, payload_len)
+            flags = _list(h, "r")
+            if len(flags) > MAX_KEYS or any(type(f) is not bool for f in flags):
+                raise ProtocolError("reply flags must be booleans")
+            return Reply(rid, None, flags)
+        return Reply(rid, None, None)  # STATS: the payload is a msgpack map
+    raise ProtocolError(f"unknown message type {kind}")
+
+
+# -------------------------------------------------------------------------
+# frames
+# -------------------------------------------------------------------------
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> ``(host, port)``; ValueError otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def frame(header: dict[str, Any], payload_len: int = 0) -> bytes:
+    """Prefix and header of a frame; the payload follows as separate buffers."""
+    body: bytes = msgpack.packb(header, use_bin_type=True)
+    if len(body) > MAX_HEADER:
+        raise ProtocolError(f"header of {len(body)} bytes exceeds {MAX_HEADER}")
+    if not 0 <= payload_len <= MAX_U32:
+        raise ProtocolError(f"payload of {payload_len} bytes cannot be framed")
+    return PREFIX.pack(MAGIC, len(body), payload_len) + body
+
+
+def error_frame(rid: int, code: str, message: str, **extra: Any) -> bytes:
+    # msgpack limits strings in bytes: cut the UTF-8 form, not the characters
+    text = message.encode()[: MAX_STR - 8].decode(errors="ignore")
+    return frame({"t": ERROR, "id": rid, "c": code[:32], "m": text, **extra})
+
+
+def parse_prefix(prefix: BytesLike, max_payload: int) -> tuple[int, int]:
+    """Header and payload lengths from a 12-byte prefix, checked against the limits."""
+    magic, header_len, payload_len = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}: not a kvtier peer frame")
+    if not 0 < header_len <= MAX_HEADER:
+        raise ProtocolError(f"header length {header_len} outside 1..{MAX_HEADER}")
+    if payload_len > max_payload:
+        raise ProtocolError(f"payload length {payload_len} exceeds the limit {max_payload}")
+    return header_len, payload_len
+
+
+def unpack_header(data: BytesLike) -> dict[str, Any]:
+    """Decode a msgpack header with hard limits; a map with string keys or ProtocolError."""
+    try:
+        header = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=max(MAX_KEY_LEN, MAC_LEN, NONCE_LEN),
+            max_str_len=MAX_STR,
+            max_array_len=MAX_KEYS,
+            max_map_len=16,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"unreadable header: {type(exc).__name__}: {exc}") from None
+    if type(header) is not dict or not all(type(k) is str for k in header):
+        raise ProtocolError("header is not a map with string keys")
+    return header
+
+
+def decode_frame(
+    data: BytesLike, max_payload: int = DEFAULT_MAX_PAYLOAD
+) -> tuple[dict[str, Any], memoryview]:
+    """Decode one complete frame held in memory: ``(header, payload view)``.
+
+    The buffer must hold exactly one frame.  Nothing is copied or allocated
+    beyond the decoded header.
+    """
+    view = memoryview(data).cast("B")
+    if view.nbytes < PREFIX.size:
+        raise ProtocolError("truncated frame prefix")
+    header_len, payload_len = parse_prefix(view[: PREFIX.size], max_payload)
+    end = PREFIX.size + header_len
+    if view.nbytes != end + payload_len:
+        raise ProtocolError(f"frame holds {view.nbytes} bytes, its prefix declares "
+                            f"{end + payload_len}")
+    return unpack_header(view[PREFIX.size : end]), view[end:]
+
+
+class FrameReader:
+    """Reads frame heads from a socket into buffers allocated once per connection."""
+
+    def __init__(self) -> None:
+        self._prefix = bytearray(PREFIX.size)
+        self._header = bytearray(MAX_HEADER)
+        self._view = memoryview(self._header)
+
+    def read_head(
+        self, sock: socket.socket, deadline: float, max_payload: int
+    ) -> tuple[dict[str, Any], int]:
+        """Read prefix and header; returns the header and the payload length to read next.
+
+        The payload length is refused against ``max_payload`` before the
+        caller allocates anything for it.
+        """
+        try:
+            recv_exact(sock, memoryview(self._prefix), deadline)
+        except ConnectionClosed as exc:
+            if exc.received:
+                raise
+            raise ConnectionClosed("connection closed by peer between frames") from None
+        header_len, payload_len = parse_prefix(self._prefix, max_payload)
+        recv_exact(sock, self._view[:header_len], deadline)
+        return unpack_header(self._view[:header_len]), payload_len
+
+
+# -------------------------------------------------------------------------
+# socket I/O on non-blocking sockets, every call bounded by a deadline
+# -------------------------------------------------------------------------
+
+
+def wait_io(sock: socket.socket, write: bool, deadline: float) -> None:
+    """Wait until ``sock`` is readable (or writable); TimeoutError at ``deadline``."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("peer I/O timed out")
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT if write else select.POLLIN)
+        # POLLHUP/POLLERR also end the wait: the next call reports the error
+        ready = bool(poller.poll(max(1, int(remaining * 1000 + 0.999))))
+    else:  # pragma: no cover - Windows
+        r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], remaining)
+        ready = bool(r or w)
+    if not ready:
+        raise TimeoutError("peer I/O timed out")
+
+
+def recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
+    """Fill ``view`` from ``sock`` with ``recv_into`` (no intermediate copies)."""
+    total = view.nbytes
+    got = 0
+    while got < total:
+        try:
+            n = sock.recv_into(view[got:] if got else view, total - got)
+        except (BlockingIOError, InterruptedError):
+            wait_io(sock, False, deadline)
+            continue
+        if not n:
+            raise ConnectionClosed(f"connection closed by peer after {got} of {total} bytes",
+                                   got)
+        got += n
+
+
+def skip(sock: socket.socket, count: int, deadline: float) -> None:
+    """Read and drop ``count`` bytes, through a bounded scratch buffer."""
+    scratch = memoryview(bytearray(min(count, 1 << 20)))
+    while count > 0:
+        step = min(count, scratch.nbytes)
+        recv_exact(sock, scratch[:step], deadline)
+        count -= step
+
+
+def send_buffers(sock: socket.socket, buffers: list[BytesLike], deadline: float) -> int:
+    """Send ``buffers`` in order with ``sendmsg`` (gather write, no joining); bytes sent."""
+    views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
+    total = sum(v.nbytes for v in views)
+    i = 0
+    while i < len(views):
+        try:
+            sent = sock.sendmsg(views[i : i + _IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            wait_io(sock, True, deadline)
+            continue
+        while sent:
+            size = views[i].nbytes
+            if sent >= size:
+                sent -= size
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+        if time.monotonic() > deadline and i < len(views):
+            raise TimeoutError("peer I/O timed out")
+    return total
+
+
+def tune(sock: socket.socket, buffer_size: int = 4 << 20) -> None:
+    """Low latency, large kernel buffers, non-blocking (every wait has a deadline)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):  # capped or refused: the kernel default will do
+            sock.setsockopt(socket.SOL_SOCKET, option, buffer_size)
+    sock.setblocking(False)
+
+
+# -------------------------------------------------------------------------
+# authentication: HMAC-SHA256 over both nonces, never the secret itself
+# -------------------------------------------------------------------------
+
+
+def nonce() -> bytes:
+    return os.urandom(NONCE_LEN)
+
+
+def proof(secret: bytes, role: bytes, hello: Hello, server_nonce: bytes) -> bytes:
+    """HMAC of the handshake transcript; ``role`` (client/server) stops reflection."""
+    transcript = b"|".join((b"kvtier-peer", str(PROTOCOL_VERSION).encode(), role,
+                            hello.namespace.encode(), hello.nonce, server_nonce))
+    return hmac.new(secret, transcript, hashlib.sha256).digest()
+
+
+def check_proof(expected: bytes, got: bytes) -> bool:
+    return hmac.compare_digest(expected, got)
+
+
+def unpack_stats(payload: BytesLike) -> dict[str, Any]:
+    """Decode a STATS reply payload (bounded by the payload limit already checked)."""
+    try:
+        stats = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_ext_len=0)
+    except Exception as exc:
+        raise ProtocolError(f"unreadable stats: {exc}") from None
+    if type(stats) is not dict:
+        raise ProtocolError("stats are not a map")
+    return stats
+
+
+def server_handshake(sock: socket.socket, reader: FrameReader, secret: bytes | None,
+                     max_payload: int, deadline: float) -> Hello:
+    """The server's side: HELLO -> WELCOME (-> AUTH -> AUTH_OK).
+
+    On refusal the client is told why (an ERROR frame), then :class:`Refused`
+    is raised; the caller closes the connection.
+    """
+    head, payload_len = reader.read_head(sock, deadline, 0)
+    try:
+        hello = parse_message(head, payload_len)
+    except VersionMismatch as exc:
+        message = f"server speaks protocol {PROTOCOL_VERSION}, client {exc.version}"
+        send_buffers(sock, [error_frame(0, "version", message, v=PROTOCOL_VERSION)], deadline)
+        raise Refused(message) from None
+    if not isinstance(hello, Hello):
+        raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
+    server_nonce = nonce()
+    welcome = {"t": WELCOME, "v": PROTOCOL_VERSION, "n": server_nonce, "a": secret is not None,
+               "mp": max_payload}
+    send_buffers(sock, [frame(welcome)], deadline)
+    if secret is None:
+        return hello
+    try:
+        head, payload_len = reader.read_head(sock, deadline, 0)
+    except ConnectionClosed:
+        raise Refused("client left without authenticating", auth=True) from None
+    auth = parse_message(head, payload_len)
+    expected = proof(secret, b"client", hello, server_nonce)
+    if not (isinstance(auth, Auth) and auth.kind == AUTH and check_proof(expected, auth.mac)):
+        send_buffers(sock, [error_frame(0, "auth", "authentication failed")], deadline)
+        raise Refused("authentication failed", auth=True)
+    ok = {"t": AUTH_OK, "mac": proof(secret, b"server", hello, server_nonce)}
+    send_buffers(sock, [frame(ok)], deadline)
+    return hello
+
+
+def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | None,
+                     max_payload: int, label: str, deadline: float) -> int:
+    """The client's side; returns the payload limit both sides accept.
+
+    Raises :class:`Refused` (naming ``label``) for a configuration mismatch.
+    """
+    hello = Hello(PROTOCOL_VERSION, namespace, nonce(), secret is not None, max_payload)
+    send_buffers(sock, [frame({"t": HELLO, "v": hello.version, "ns": namespace,
+                               "n": hello.nonce, "a": hello.auth, "mp": max_payload})], deadline)
+    reader = FrameReader()
+    welcome = _expect(sock, reader, label, deadline)
+    if not isinstance(welcome, Welcome):
+        raise ProtocolError(f"peer {label}: expected WELCOME")
+    if welcome.auth and secret is None:
+        raise Refused(f"peer {label} requires authentication: set this tier's 'secret' "
+                      "option (e.g. secret: ${KVTIER_PEER_SECRET})", auth=True)
+    limit = min(max_payload, welcome.max_payload)
+    if secret is None:
+        return limit
+    if not welcome.auth:
+        raise Refused(f"peer {label} does not authenticate, but this tier has a secret: "
+                      "refusing a server that cannot prove it knows it (start it with "
+                      "--secret-file or KVTIER_PEER_SECRET)", auth=True)
+    mac = proof(secret, b"client", hello, welcome.nonce)
+    send_buffers(sock, [frame({"t": AUTH, "mac": mac})], deadline)
+    ok = _expect(sock, reader, label, deadline)
+    if not isinstance(ok, Auth) or ok.kind != AUTH_OK:
+        raise ProtocolError(f"peer {label}: expected AUTH_OK")
+    if not check_proof(proof(secret, b"server", hello, welcome.nonce), ok.mac):
+        raise Refused(f"peer {label} failed to prove it knows the secret", auth=True)
+    return limit
+
+
+def _expect(sock: socket.socket, reader: FrameReader, label: str, deadline: float) -> Message:
+    head, payload_len = reader.read_head(sock, deadline, 0)
+    try:
+        message = parse_message(head, payload_len)
+    except VersionMismatch as exc:
+        raise Refused(f"peer {label}: server speaks protocol {exc.version}, "
+                      f"this client {PROTOCOL_VERSION}") from None
+    if isinstance(message, Error):
+        if message.code == "version":
+            raise Refused(f"peer {label}: server speaks protocol {message.version}, "
+                          f"this client {PROTOCOL_VERSION}")
+        if message.code == "auth":
+            raise Refused(f"peer {label}: authentication failed (wrong secret?)", auth=True)
+        if message.code == "busy":
+            raise ConnectionError(f"peer {label} is busy: {message.message}")
+        raise Refused(f"peer {label} refused the connection: {message.message}")
+    return message

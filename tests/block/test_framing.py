@@ -1,0 +1,244 @@
+"""The stored block format: round trips, and every kind of damage is caught."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier import Namespace
+from kvtier.block.framing import (
+    ALIGN,
+    ALIGN_MIN,
+    MAGIC,
+    Codec,
+    CorruptBlockError,
+    decode_into,
+    encode,
+    encode_parts,
+    header_size,
+    parse_header,
+    recode,
+)
+from kvtier.block.namespace import FORMAT_VERSION
+
+NS = Namespace("model-a", dtype="bfloat16", tokens_per_block=32).fingerprint
+OTHER_NS = Namespace("model-b", dtype="bfloat16", tokens_per_block=32).fingerprint
+KEY = bytes(range(32))
+
+CODECS = [Codec(), Codec("zstd", 1, 0), Codec("zstd", 3, 2), Codec("zstd", 1, 4)]
+
+
+def bf16_like(n: int, seed: int = 0) -> bytes:
+    """Random-normal values truncated to bf16: what KV cache looks like."""
+    values = np.random.default_rng(seed).standard_normal(n // 2).astype(np.float32)
+    return (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def decode(blob: bytes, size: int, ns: bytes = NS, key: bytes = KEY) -> bytes:
+    out = bytearray(size)
+    decode_into(blob, ns, key, memoryview(out))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: f"{c.name}-{c.level}-s{c.shuffle}")
+@pytest.mark.parametrize("size", [0, 1, 3, 4097, 1 << 20])
+def test_round_trip(codec: Codec, size: int) -> None:
+    payload = bf16_like(size - size % 2, seed=size) + os.urandom(size % 2)
+    blob = encode(NS, KEY, payload, codec)
+    assert blob.startswith(MAGIC)
+    assert decode(blob, len(payload)) == payload
+
+
+@given(
+    payload=st.binary(max_size=5000),
+    key=st.binary(min_size=1, max_size=64),
+    codec=st.sampled_from(CODECS),
+)
+@settings(max_examples=150, deadline=None)
+def test_round_trip_any_bytes(payload: bytes, key: bytes, codec: Codec) -> None:
+    blob = encode(NS, key, payload, codec)
+    assert decode(blob, len(payload), key=key) == payload
+
+
+def test_uncompressed_header_size_is_predictable() -> None:
+    payload = os.urandom(12345)
+    header, stored = encode_parts(NS, KEY, payload, Codec())
+    assert len(header) == header_size(NS, KEY, len(payload))
+    assert bytes(stored) == payload  # passed through, not copied into the header
+
+
+@pytest.mark.parametrize("size", [ALIGN_MIN - 1, ALIGN_MIN, (2 << 20) + 3])
+def test_large_uncompressed_payloads_start_aligned(size: int) -> None:
+    payload = os.urandom(size)
+    header, _ = encode_parts(NS, KEY, payload, Codec())
+    assert len(header) == header_size(NS, KEY, size)
+    blob = encode(NS, KEY, payload, Codec())
+    start = parse_header(blob, NS, KEY).size
+    assert start == len(header)
+    if size >= ALIGN_MIN:
+        assert start == ALIGN and blob[start:] == payload
+    else:
+        assert start < 200
+    assert decode(blob, size) == payload
+    # a compressed payload has no fixed place to align to: no padding
+    packed = encode(NS, KEY, payload, Codec("zstd", 1, 0))
+    assert parse_header(packed, NS, KEY).size < 200
+
+
+def test_header_padding_must_be_zero_and_whole() -> None:
+    payload = os.urandom(ALIGN_MIN)
+    blob = encode(NS, KEY, payload, Codec())
+    for offset in (100, ALIGN // 2, ALIGN - 1):  # inside the padding
+        damaged = bytearray(blob)
+        damaged[offset] = 1
+        with pytest.raises(CorruptBlockError, match="padding"):
+            decode(bytes(damaged), len(payload))
+    with pytest.raises(CorruptBlockError, match="padding"):
+        parse_header(blob[: ALIGN - 1], NS, KEY)  # a header cut short
+    assert parse_header(blob[:ALIGN], NS, KEY).size == ALIGN
+
+
+def test_shuffle_makes_bf16_smaller() -> None:
+    payload = bf16_like(1 << 20)
+    plain = encode(NS, KEY, payload, Codec("zstd", 1, 0))
+    shuffled = encode(NS, KEY, payload, Codec("zstd", 1, 2))
+    assert len(shuffled) < len(plain) < len(payload)
+
+
+def test_foreign_namespace_and_key_are_rejected() -> None:
+    blob = encode(NS, KEY, b"kv" * 100, Codec())
+    with pytest.raises(CorruptBlockError, match="namespace"):
+        decode(blob, 200, ns=OTHER_NS)
+    with pytest.raises(CorruptBlockError, match="key"):
+        decode(blob, 200, key=b"another key")
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: f"{c.name}-s{c.shuffle}")
+def test_every_flipped_payload_byte_is_caught(codec: Codec) -> None:
+    payload = bf16_like(4096)
+    blob = bytearray(encode(NS, KEY, payload, codec))
+    start = parse_header(blob, NS, KEY).size
+    for offset in range(start, len(blob), max(1, (len(blob) - start) // 97)):
+        damaged = bytearray(blob)
+        damaged[offset] ^= 0x01
+        with pytest.raises(CorruptBlockError):
+            decode(bytes(damaged), len(payload))
+
+
+def test_every_flipped_header_byte_is_caught_or_harmless() -> None:
+    payload = os.urandom(256)
+    blob = encode(NS, KEY, payload, Codec())
+    size = parse_header(blob, NS, KEY).size
+    for offset in range(size):
+        damaged = bytearray(blob)
+        damaged[offset] ^= 0x40
+        try:
+            got = decode(bytes(damaged), len(payload))
+        except CorruptBlockError:
+            continue
+        assert got == payload  # a flip that decodes must not change the data
+
+
+@pytest.mark.parametrize("cut", [0, 3, 6, 20, -1, -100])
+def test_truncated_blocks_are_caught(cut: int) -> None:
+    payload = os.urandom(1000)
+    blob = encode(NS, KEY, payload, Codec("zstd", 1, 0))
+    with pytest.raises(CorruptBlockError):
+        decode(blob[:cut], len(payload))
+
+
+def test_extended_block_is_caught() -> None:
+    payload = os.urandom(1000)
+    blob = encode(NS, KEY, payload, Codec())
+    with pytest.raises(CorruptBlockError, match="payload is 1001"):
+        decode(blob + b"x", len(payload))
+
+
+def test_reader_expecting_another_size_gets_an_error() -> None:
+    blob = encode(NS, KEY, os.urandom(100), Codec())
+    with pytest.raises(CorruptBlockError, match="expects 64"):
+        decode(blob, 64)
+
+
+def _forge(fields: list[object], payload: bytes) -> bytes:
+    body = msgpack.packb(fields, use_bin_type=True)
+    return struct.pack("<4sH", MAGIC, len(body)) + body + payload
+
+
+def test_zstd_bomb_claiming_a_small_size_is_rejected() -> None:
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor().compress(bytes(50 << 20))
+    checksum = xxhash.xxh3_64_digest(bomb)
+    blob = _forge([FORMAT_VERSION, NS, KEY, len(bomb), 1, checksum, 100, 0], bomb)
+    with pytest.raises(CorruptBlockError, match="frame size"):
+        decode(blob, 100)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [2, NS, KEY, 4, 0, b"\0" * 8, 4, 0],  # future version
+        [1, NS, KEY, 4, 9, b"\0" * 8, 4, 0],  # unknown codec
+        [1, NS, KEY, 4, 0, b"\0" * 7, 4, 0],  # short checksum
+        [1, NS, KEY, -4, 0, b"\0" * 8, 4, 0],  # negative length
+        [1, NS, KEY, "4", 0, b"\0" * 8, 4, 0],  # wrong type
+        [1, NS, KEY, 4, 0, b"\0" * 8, 5, 0],  # lengths disagree without a codec
+        [1, NS, KEY, 4, 0, b"\0" * 8, 4],  # missing field
+        {"v": 1},  # not an array
+    ],
+)
+def test_forged_headers_are_rejected(fields: list[object]) -> None:
+    with pytest.raises(CorruptBlockError):
+        decode(_forge(fields, b"abcd"), 4)
+
+
+def test_garbage_is_rejected() -> None:
+    for blob in (b"", b"KVTB", os.urandom(100), MAGIC + b"\xff\xff" + os.urandom(10)):
+        with pytest.raises(CorruptBlockError):
+            decode(blob, 10)
+
+
+def test_recode_changes_codec_and_keeps_data() -> None:
+    payload = bf16_like(8192)
+    plain = encode(NS, KEY, payload, Codec())
+    packed = recode(plain, NS, KEY, Codec("zstd", 1, 2), verify=True)
+    assert len(packed) < len(plain)
+    assert decode(packed, len(payload)) == payload
+    assert recode(plain, NS, KEY, Codec(), verify=True) is plain  # same codec: no copy
+
+
+def test_namespace_fingerprint_covers_every_field() -> None:
+    base = Namespace("m", "bf16", 32, "nhd", "tp1")
+    variants = [
+        Namespace("m2", "bf16", 32, "nhd", "tp1"),
+        Namespace("m", "fp16", 32, "nhd", "tp1"),
+        Namespace("m", "bf16", 16, "nhd", "tp1"),
+        Namespace("m", "bf16", 32, "hnd", "tp1"),
+        Namespace("m", "bf16", 32, "nhd", "tp2-rank0"),
+        Namespace("m", "bf16", 32, "nhd", "tp1", {"kv_quant": "fp8"}),
+    ]
+    prints = {v.fingerprint for v in variants}
+    assert base.fingerprint not in prints and len(prints) == len(variants)
+    assert Namespace.of("m").hex == Namespace("m").hex and len(base.hex) == 32
+    assert (
+        Namespace.of(
+            {
+                "model": "m",
+                "dtype": "bf16",
+                "tokens_per_block": 32,
+                "kv_layout": "nhd",
+                "parallel_layout": "tp1",
+            }
+        )
+        == base
+    )
+    with pytest.raises(ValueError, match="unknown namespace field"):
+        Namespace.of({"model": "m", "colour": "blue"})

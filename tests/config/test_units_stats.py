@@ -1,0 +1,90 @@
+"""Sizes, durations and the latency histogram."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtier.config.units import format_size, parse_duration, parse_size
+from kvtier.observe.stats import LatencyHistogram, TierStats
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (0, 0),
+        (4096, 4096),
+        ("4096", 4096),
+        ("8GiB", 8 << 30),
+        ("8 GiB", 8 << 30),
+        ("1.5KiB", 1536),
+        ("500MB", 500_000_000),
+        ("2m", 2_000_000),
+        ("1TiB", 1 << 40),
+        ("3b", 3),
+        ("7kib", 7168),
+    ],
+)
+def test_parse_size(text: object, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", [-1, "-1GiB", "8 gigs", "GiB", "", True, 1.5, None, "1e3"])
+def test_parse_size_rejects(bad: object) -> None:
+    with pytest.raises(ValueError, match="size"):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (2, 2.0),
+        (0.5, 0.5),
+        ("250ms", 0.25),
+        ("2s", 2.0),
+        ("1m", 60.0),
+        ("1.5h", 5400.0),
+        ("3", 3.0),
+    ],
+)
+def test_parse_duration(text: object, expected: float) -> None:
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("bad", [-1, "soon", "1d", False, None])
+def test_parse_duration_rejects(bad: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(bad)
+
+
+def test_format_size() -> None:
+    assert [format_size(n) for n in (0, 1023, 1024, 3 << 20, 5 << 40)] == [
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "3.0 MiB",
+        "5.0 TiB",
+    ]
+
+
+def test_histogram_quantiles_bound_the_samples() -> None:
+    hist = LatencyHistogram()
+    for micros in [1] * 90 + [1000] * 9 + [100_000]:
+        hist.add(micros / 1e6)
+    assert hist.count == 100
+    assert 1e-6 <= hist.quantile(0.5) <= 2e-6
+    assert 1e-3 <= hist.quantile(0.99) <= 2.1e-3
+    assert hist.quantile(1.0) >= 0.1
+    assert hist.summary()["mean_s"] == pytest.approx(hist.total / 100)
+    assert LatencyHistogram().quantile(0.5) == 0.0
+
+
+def test_tier_stats_snapshot_and_timing() -> None:
+    stats = TierStats()
+    stats.add(hits=2, misses=1)
+    stats.add(hits=1)
+    with stats.timed("get"):
+        pass
+    snap = stats.snapshot()
+    assert (snap["hits"], snap["misses"]) == (3, 1)
+    assert snap["latency"]["get"]["count"] == 1
+    assert "lock" not in snap

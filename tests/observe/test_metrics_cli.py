@@ -1,0 +1,107 @@
+"""Metrics leave the process (Prometheus, log lines); the config commands report precisely."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvtier import open_chain
+from kvtier.observe.metrics import summary_line
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_prometheus_endpoint_exports_tier_counters() -> None:
+    port = free_port()
+    cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}],
+           "metrics": {"prometheus_port": port}}
+    with open_chain(cfg, namespace="metrics-test") as chain:
+        chain.put([b"a", b"b"], [b"x" * 100, b"y" * 50])
+        chain.get([b"a", b"zz"], [bytearray(100), bytearray(100)])
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        text = body.decode()
+        ns = chain.namespace.hex
+        labels = f'backend="host",namespace="{ns}",tier="ram"'
+        assert f"kvtier_tier_hits_total{{{labels}}} 1.0" in text
+        assert f"kvtier_tier_misses_total{{{labels}}} 1.0" in text
+        assert f"kvtier_tier_written_bytes_total{{{labels}}} 150.0" in text
+        assert f"kvtier_tier_healthy{{{labels}}} 1.0" in text
+        assert f"kvtier_tier_used_bytes{{{labels}}}" in text
+    # a closed chain is no longer exported
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert ns not in text
+
+
+def test_log_line_every_interval(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}],
+           "metrics": {"log_interval": "50ms"}}
+    with (
+        caplog.at_level(logging.INFO, logger="kvtier.observe.metrics"),
+        open_chain(cfg, namespace="log-test") as chain,
+    ):
+        chain.put([b"a"], [b"x" * 10])
+        chain.get([b"a"], [bytearray(10)])
+        deadline = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.02)
+        expected = summary_line(chain.stats())
+    assert any(r.getMessage() == expected for r in caplog.records)
+    assert "ram: 1 hit 0 miss 10 B out 10 B in" in expected
+
+
+def kvtier(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvtier.cli", *args], capture_output=True,
+                          text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+GOOD = """\
+chain:
+  - name: ram
+    backend: host
+    capacity: 8GiB
+    eviction: arc
+  - name: disk
+    backend: fs
+    url: file:///tmp/kvtier-cli-test
+    write: back
+"""
+
+
+def test_config_validate_ok_and_explain_table(tmp_path: Path) -> None:
+    path = tmp_path / "tiers.yaml"
+    path.write_text(GOOD)
+    ok = kvtier("config", "validate", str(path))
+    assert ok.returncode == 0 and f"{path}: OK, 2 tier(s): ram -> disk" in ok.stdout
+    explained = kvtier("config", "explain", str(path))
+    assert explained.returncode == 0, explained.stderr
+    rows = [line for line in explained.stdout.splitlines() if "│" in line]
+    assert any("ram" in r and "host" in r and "eviction=arc" in r for r in rows)
+    assert any("disk" in r and "fs" in r and "back" in r for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GOOD.replace("8GiB", "8 gigs"), ":4: chain[0].capacity: expected a size"),
+        (GOOD.replace("eviction: arc", "eviction: fifo"), ":5: chain[0].eviction:"),
+        (GOOD.replace("backend: fs", "backend: nfs"), "unknown backend 'nfs'"),
+        (GOOD.replace("write: back", "writes: back"), ":9: chain[1].writes:"),
+    ],
+)
+def test_config_validate_names_file_line_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "tiers.yaml"
+    path.write_text(text)
+    result = kvtier("config", "validate", str(path))
+    assert result.returncode == 2
+    assert str(path) in result.stderr and message in " ".join(result.stderr.split())

@@ -1,0 +1,369 @@
+"""A correct reference backend, and broken variants of it that the conformance kit must catch.
+
+:class:`DictBackend` keeps blocks in an ``OrderedDict`` (LRU order) with an
+optional byte capacity whose evictions it reports, implements
+``kvtier_tamper``, and persists to a directory when the ``dir`` option is set:
+one file per block, named by the key's hex, holding the block's bytes, written
+to a temporary name and renamed into place.  It is thread-safe.
+
+Each variant below breaks one promise of the contract by overriding one small
+method, the way real bugs hide in one place.  ``tests/testing/test_kit.py`` runs the
+kit against each one and checks which groups fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
+
+Evicted = MutableSequence[tuple[bytes, BytesLike]]
+
+_SUFFIX = ".blk"
+
+
+class DictBackend:
+    """The reference: correct, so the kit must pass it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: OrderedDict[bytes, BytesLike] = OrderedDict()
+        self._used = 0
+        self._capacity: int | None = None
+        self._dir: Path | None = None
+        self._state = "new"
+
+    # lifecycle -------------------------------------------------------------
+    @hookimpl
+    def kvtier_options(self) -> Mapping[str, Option]:
+        return {
+            "dir": Option("str", "directory to persist blocks in; unset keeps them in memory"),
+            "capacity": Option("size", "bytes of blocks held before evicting the oldest"),
+        }
+
+    @hookimpl
+    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+        self._check_not_closed()
+        self._capacity = options.get("capacity")
+        if options.get("dir"):
+            self._dir = Path(options["dir"]) / namespace
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self._load()
+        self._state = "open"
+
+    def _load(self) -> None:
+        assert self._dir is not None
+        found = []
+        for path in self._dir.iterdir():
+            if path.suffix != _SUFFIX:
+                path.unlink()  # a temporary file of a writer that died
+                continue
+            found.append((path.stat().st_mtime_ns, bytes.fromhex(path.stem), path.read_bytes()))
+        for _, key, data in sorted(found):
+            self._blocks[key] = data
+        self._used = sum(len(data) for _, _, data in found)
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        self._check_open()
+        return Capabilities(
+            persistent=self._dir is not None,
+            thread_safe=True,
+            capacity=self._capacity,
+            reports_evictions=True,
+        )
+
+    @hookimpl
+    def kvtier_stats(self) -> Mapping[str, int]:
+        with self._guard():
+            stats = {"used_bytes": self._used, "blocks": len(self._blocks)}
+        if self._capacity is not None:
+            stats["capacity_bytes"] = self._capacity
+        return stats
+
+    @hookimpl
+    def kvtier_close(self) -> None:
+        with self._lock:
+            self._state = "closed"
+            self._blocks.clear()
+
+    # data path -------------------------------------------------------------
+    @hookimpl
+    def kvtier_put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> list[bool]:
+        out = []
+        with self._guard():
+            for key, block in zip(keys, blocks):
+                if key in self._blocks:
+                    self._blocks.move_to_end(key)
+                    out.append(True)
+                    continue
+                data = self._copy(block)
+                size = len(memoryview(data).cast("B"))
+                if self._capacity is not None and size > self._capacity:
+                    out.append(False)
+                    continue
+                self._make_room(size, evicted)
+                self._write(key, data)
+                self._insert(key, data)
+                out.append(True)
+        return out
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
+        with self._guard():
+            return [self._read(key) for key in keys]
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._guard():
+            return [key in self._blocks for key in keys]
+
+    @hookimpl
+    def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._guard():
+            return [self._remove(key) for key in keys]
+
+    @hookimpl
+    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        with self._guard():
+            old = self._blocks.get(key)
+            if old is None:
+                return False
+            new = transform(bytes(old))
+            self._blocks[key] = new  # raw: the byte count is not updated
+            self._write_raw(key, new)
+            return True
+
+    # the places the variants break -------------------------------------------
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        with self._lock:
+            self._check_open()
+            yield
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            state = "closed" if self._state == "closed" else "not open"
+            raise ClosedError(f"dict backend is {state}")
+
+    def _check_not_closed(self) -> None:
+        if self._state == "closed":
+            raise ClosedError("dict backend is closed")
+
+    def _copy(self, block: BytesLike) -> BytesLike:
+        return bytes(block)
+
+    def _insert(self, key: bytes, data: BytesLike) -> None:
+        self._blocks[key] = data
+        self._used += len(memoryview(data).cast("B"))
+
+    def _read(self, key: bytes) -> BytesLike | None:
+        data = self._blocks.get(key)
+        if data is not None:
+            self._blocks.move_to_end(key)
+        return data
+
+    def _remove(self, key: bytes) -> bool:
+        data = self._blocks.pop(key, None)
+        if data is None:
+            return False
+        self._used -= len(memoryview(data).cast("B"))
+        self._unlink(key)
+        return True
+
+    def _make_room(self, size: int, evicted: Evicted) -> None:
+        assert self._capacity is None or size <= self._capacity
+        while self._capacity is not None and self._used + size > self._capacity:
+            key, data = self._blocks.popitem(last=False)
+            self._used -= len(memoryview(data).cast("B"))
+            self._unlink(key)
+            self._report(evicted, key, data)
+
+    def _report(self, evicted: Evicted, key: bytes, data: BytesLike) -> None:
+        evicted.append((key, data))
+
+    def _path(self, key: bytes) -> Path:
+        assert self._dir is not None
+        return self._dir / f"{key.hex()}{_SUFFIX}"
+
+    def _write(self, key: bytes, data: BytesLike) -> None:
+        if self._dir is None:
+            return
+        path = self._path(key)
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)  # readers, and a reopen after a crash, see all or nothing
+
+    def _write_raw(self, key: bytes, data: bytes) -> None:
+        if self._dir is not None:
+            self._path(key).write_bytes(data)
+
+    def _unlink(self, key: bytes) -> None:
+        if self._dir is not None:
+            self._path(key).unlink(missing_ok=True)
+
+
+class ServesEvicted(DictBackend):
+    """A read cache that evict forgets to invalidate: evicted keys still answer get."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[bytes, BytesLike] = {}
+
+    def _insert(self, key: bytes, data: BytesLike) -> None:
+        super()._insert(key, data)
+        self._cache[key] = data
+
+    def _read(self, key: bytes) -> BytesLike | None:
+        data = super()._read(key)
+        return data if data is not None else self._cache.get(key)
+
+
+class ForgetsOnReopen(DictBackend):
+    """Writes its files but never reads them back: declares persistence it lacks."""
+
+    def _load(self) -> None:
+        pass
+
+
+class IgnoresCapacity(DictBackend):
+    """Declares a capacity and never evicts for it."""
+
+    def _make_room(self, size: int, evicted: Evicted) -> None:
+        pass
+
+
+class TornWrites(DictBackend):
+    """Writes block files in place, in pieces: a crash leaves a partial file it then serves."""
+
+    def _write(self, key: bytes, data: BytesLike) -> None:
+        if self._dir is None:
+            return
+        view = memoryview(data).cast("B")
+        with open(self._path(key), "wb", buffering=0) as f:
+            for start in range(0, len(view), 16384):
+                f.write(view[start : start + 16384])
+
+
+class WrongKeyOrder(DictBackend):
+    """Answers a get batch in sorted key order, not request order: another key's bytes."""
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
+        with self._guard():
+            return [self._read(key) for key in sorted(keys)]
+
+
+class NotThreadSafe(DictBackend):
+    """Declares thread_safe=True but updates its index by copy, modify, swap, unlocked."""
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        self._check_open()
+        yield
+
+    def _insert(self, key: bytes, data: BytesLike) -> None:
+        blocks = self._blocks.copy()
+        time.sleep(0)  # another thread's insert lands here and is overwritten
+        blocks[key] = data
+        self._blocks = blocks
+        self._used += len(memoryview(data).cast("B"))
+
+
+class RaisesOnMiss(DictBackend):
+    """Raises KeyError for a key it does not hold, instead of answering None."""
+
+    def _read(self, key: bytes) -> BytesLike | None:
+        data = self._blocks[key]
+        self._blocks.move_to_end(key)
+        return data
+
+
+class SilentEvictions(DictBackend):
+    """Declares reports_evictions=True but drops capacity victims without reporting them."""
+
+    def _report(self, evicted: Evicted, key: bytes, data: BytesLike) -> None:
+        pass
+
+
+class AliasesBuffer(DictBackend):
+    """Keeps a view of the caller's buffer instead of copying it."""
+
+    def _copy(self, block: BytesLike) -> BytesLike:
+        return block if isinstance(block, bytes) else memoryview(block)
+
+
+class WrongUsedAfterReopen(DictBackend):
+    """Rebuilds used_bytes from a rounded per-file figure when it reopens."""
+
+    def _load(self) -> None:
+        super()._load()
+        self._used = 4096 * len(self._blocks)
+
+
+class ResurrectsAfterReopen(DictBackend):
+    """Deletes only the files it wrote itself: a block evicted after a reopen comes back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._written: set[bytes] = set()
+
+    def _write(self, key: bytes, data: BytesLike) -> None:
+        super()._write(key, data)
+        self._written.add(key)
+
+    def _unlink(self, key: bytes) -> None:
+        if key in self._written:
+            super()._unlink(key)
+
+
+class TamperMissesCache(DictBackend):
+    """kvtier_tamper rewrites the file, but reads are served from memory: damage never shows."""
+
+    @hookimpl
+    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        with self._guard():
+            old = self._blocks.get(key)
+            if old is None:
+                return False
+            self._write_raw(key, transform(bytes(old)))
+            return True
+
+
+class UsableAfterClose(DictBackend):
+    """close() keeps serving: hooks after close do not raise ClosedError."""
+
+    @hookimpl
+    def kvtier_close(self) -> None:
+        pass
+
+
+#: Every broken variant, by name.
+BROKEN: dict[str, type[DictBackend]] = {
+    cls.__name__: cls
+    for cls in (
+        ServesEvicted,
+        ForgetsOnReopen,
+        IgnoresCapacity,
+        TornWrites,
+        WrongKeyOrder,
+        NotThreadSafe,
+        RaisesOnMiss,
+        SilentEvictions,
+        AliasesBuffer,
+        WrongUsedAfterReopen,
+        ResurrectsAfterReopen,
+        TamperMissesCache,
+        UsableAfterClose,
+    )
+}

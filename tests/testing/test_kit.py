@@ -1,0 +1,334 @@
+"""The conformance kit, run on backends that must pass it and on broken ones it must fail.
+
+The ``Test*`` classes below are the kit itself running in this suite: every
+group against the reference dict backend, ``host``, ``fs`` and a two-tier
+chain.  The broken backends of ``kit_broken_backends`` are certified in
+subprocesses through ``kvtier conformance``, whose JSON report must name the
+groups that catch each bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from kit_broken_backends import BROKEN
+
+import kvtier
+from kvtier.cli.conformance import parse_option
+from kvtier.spec import CONTRACT_VERSION
+from kvtier.testing import GROUPS, BackendTests, KitBase
+
+
+class TestReferenceBackend(BackendTests):
+    backend = "kit_broken_backends:DictBackend"
+
+    @pytest.fixture
+    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"dir": str(tmp_path / "store"), "capacity": "4MiB"}
+
+
+class TestReferenceInMemory(BackendTests):
+    backend = "kit_broken_backends:DictBackend"
+
+
+class TestHostLru(BackendTests):
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "12MiB"}
+
+
+class TestHostArc(BackendTests):
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "2MiB", "eviction": "arc", "max_block_size": "1MiB"}
+
+
+class TestFsFile(BackendTests):
+    backend = "fs"
+
+    @pytest.fixture
+    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"url": f"file://{tmp_path}/fs", "capacity": "12MiB"}
+
+
+class TestFsMemory(BackendTests):
+    backend = "fs"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"url": f"memory://kit-{uuid.uuid4().hex}", "io_threads": 1}
+
+
+class TestChainWriteBack(BackendTests):
+    backend = "kit_targets:ChainBackend"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"url": f"memory://kit-chain-{uuid.uuid4().hex}", "ram": "256KiB"}
+
+
+class TestChainWriteThrough(BackendTests):
+    backend = "kit_targets:ChainBackend"
+
+    @pytest.fixture
+    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"url": f"file://{tmp_path}/chain", "ram": "256KiB", "disk_write": "through"}
+
+
+# --- the kit must catch bugs ------------------------------------------------------
+
+TESTS_DIR = Path(__file__).resolve().parents[1] / "support"
+
+#: Broken backend -> the groups of the kit that fail on it (and no others).
+CAUGHT_BY = {
+    "AliasesBuffer": {"put_get"},
+    "ForgetsOnReopen": {"persistence"},
+    "IgnoresCapacity": {"capacity"},
+    "NotThreadSafe": {"concurrency"},
+    "RaisesOnMiss": {
+        "put_get", "lookup", "evict", "capacity", "persistence", "concurrency",
+        "crash_safety", "lifecycle",
+    },
+    "ResurrectsAfterReopen": {"persistence"},
+    "ServesEvicted": {"lookup", "evict"},
+    "SilentEvictions": {"capacity", "concurrency"},
+    "TamperMissesCache": {"corruption"},
+    "TornWrites": {"crash_safety"},
+    "UsableAfterClose": {"lifecycle"},
+    "WrongKeyOrder": {"put_get", "lookup", "evict", "concurrency"},
+    "WrongUsedAfterReopen": {"persistence"},
+}
+
+#: The stateful group is slow to shrink a failure, so it runs on its own, below.
+FAST_GROUPS = [g for g in GROUPS if g != "stateful"]
+
+
+def conformance(
+    backend: str, tmp_path: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``kvtier conformance`` in a subprocess, as CI would run it; its result and report."""
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS_DIR), *sys.path]))
+    env["COLUMNS"] = "200"  # rich wraps table cells to the terminal's width
+    proc = subprocess.run(
+        [sys.executable, "-c", CLI, backend, "--report", str(report), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    document = json.loads(report.read_text()) if report.exists() else {}
+    return proc, document
+
+
+CLI = "from kvtier.cli.conformance import conformance_command; conformance_command()"
+
+
+def failed_groups(report: dict[str, Any]) -> set[str]:
+    return {name for name, group in report["groups"].items() if group["failed"]}
+
+
+def test_every_broken_backend_is_listed() -> None:
+    assert set(CAUGHT_BY) == set(BROKEN)
+
+
+@pytest.mark.parametrize("name", sorted(CAUGHT_BY))
+def test_kit_catches_broken_backend(name: str, tmp_path: Path) -> None:
+    settings = ["--setting", "crash_rounds=8"] if name == "TornWrites" else []
+    proc, report = conformance(
+        f"kit_broken_backends:{name}",
+        tmp_path,
+        "--option", f"dir={tmp_path / 'store'}",
+        "--option", "capacity=4MiB",
+        *(arg for group in FAST_GROUPS for arg in ("--group", group)),
+        *settings,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert report["verdict"] == "fail"
+    assert failed_groups(report) == CAUGHT_BY[name], proc.stdout
+    assert "FAIL" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["ForgetsOnReopen", "ServesEvicted"])
+def test_stateful_group_catches_broken_backend(name: str, tmp_path: Path) -> None:
+    proc, report = conformance(
+        f"kit_broken_backends:{name}",
+        tmp_path,
+        "--option", f"dir={tmp_path / 'store'}",
+        "--group", "stateful",
+        "--setting", "stateful_step_count=15",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert failed_groups(report) == {"stateful"}
+    (failure,) = report["groups"]["stateful"]["failures"]
+    # Hypothesis shrank the failure to a short sequence of steps
+    assert "state = BackendMachine()" in failure["message"]
+
+
+def test_chain_without_settling_reads_its_writes(tmp_path: Path) -> None:
+    proc, report = conformance(
+        "kit_targets:ChainBackend",
+        tmp_path,
+        "--option", f"url=memory://kit-chain-{uuid.uuid4().hex}",
+        "--option", "settle=false",
+        "--group", "lookup",
+    )
+    assert report and not failed_groups(report), proc.stdout
+
+
+def test_fs_with_a_small_capacity_takes_concurrent_puts(tmp_path: Path) -> None:
+    proc, report = conformance(
+        "fs", tmp_path,
+        "--option", f"url=file://{tmp_path}/fs", "--option", "capacity=1MiB",
+        "--group", "concurrency",
+    )
+    assert report and not failed_groups(report), proc.stdout
+
+
+def test_reference_backend_passes_through_the_cli(tmp_path: Path) -> None:
+    proc, report = conformance(
+        "kit_broken_backends:DictBackend",
+        tmp_path,
+        "--option", f"dir={tmp_path / 'store'}",
+        "--option", "capacity=4MiB",
+        *(arg for group in FAST_GROUPS for arg in ("--group", group)),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["verdict"] == "pass" and report["totals"]["failed"] == 0
+    assert not failed_groups(report)
+    assert report["groups"]["stateful"]["selected"] is False
+
+
+# --- the kit's own wiring ---------------------------------------------------------
+
+
+def test_groups_do_not_shadow_each_other() -> None:
+    """The groups are mixins of one class: a name defined twice would hide a test or helper."""
+    owner = {name: "KitBase" for name in vars(KitBase) if not name.startswith("__")}
+    for mixin in BackendTests.__mro__[1:]:
+        if mixin in (KitBase, object):
+            continue
+        for name in vars(mixin):
+            if name.startswith("__"):
+                continue
+            assert name not in owner, f"{name} is defined by {owner[name]} and {mixin.__name__}"
+            owner[name] = mixin.__name__
+
+
+def test_every_kit_test_belongs_to_a_group() -> None:
+    tests = [name for name in dir(BackendTests) if name.startswith("test_")]
+    assert len(tests) > 30
+    seen = set()
+    for name in tests:
+        marks = [m for m in getattr(getattr(BackendTests, name), "pytestmark", [])
+                 if m.name == "kvtier_group"]
+        assert len(marks) == 1 and marks[0].args[0] in GROUPS, name
+        seen.add(marks[0].args[0])
+    assert seen == set(GROUPS)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("capacity=64MiB", ("capacity", "64MiB")),
+        ("fsync=true", ("fsync", True)),
+        ("io_threads=4", ("io_threads", 4)),
+        ("url=file:///tmp/kv", ("url", "file:///tmp/kv")),
+        ("url=memory://x", ("url", "memory://x")),
+        ("storage_options={endpoint_url: http://h:9000}",
+         ("storage_options", {"endpoint_url": "http://h:9000"})),
+        ("day=2024-01-01", ("day", "2024-01-01")),
+        ("empty=", ("empty", "")),
+    ],
+)
+def test_option_values_are_read_as_yaml(text: str, expected: tuple[str, Any]) -> None:
+    assert parse_option(text) == expected
+
+
+def test_option_without_value_is_rejected() -> None:
+    with pytest.raises(click.BadParameter, match="KEY=VALUE"):
+        parse_option("capacity")
+
+
+def test_cli_certifies_host_with_a_table_and_report(tmp_path: Path) -> None:
+    proc, report = conformance(
+        "host", tmp_path, "--option", "capacity=8MiB",
+        "--group", "put_get", "--group", "persistence", "--group", "lifecycle",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (report["distribution"], report["version"]) == ("kvtier", kvtier.__version__)
+    assert report["contract_version"] == CONTRACT_VERSION
+    assert report["verdict"] == "pass" and report["options"] == {"capacity": "8MiB"}
+    persistence = report["groups"]["persistence"]
+    assert (persistence["passed"], persistence["failed"]) == (0, 0) and persistence["skipped"]
+    assert persistence["skip_reasons"] == ["backend 'host' does not declare persistent=True"]
+    assert report["groups"]["put_get"]["passed"] > 20
+    assert report["groups"]["stateful"]["selected"] is False
+    for text in (f"contract {CONTRACT_VERSION}", "kvtier 0.1.0", "persistence", "PASS",
+                 "does not declare persistent=True"):
+        assert text in proc.stdout, text
+
+
+def test_cli_hides_secret_options(tmp_path: Path) -> None:
+    proc, report = conformance(
+        "fs", tmp_path, "--option", f"url=memory://kit-{uuid.uuid4().hex}",
+        "--option", "storage_options={auto_mkdir: hunter2}", "--group", "lifecycle",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["options"]["storage_options"] == "***"
+    assert "hunter2" not in proc.stdout + json.dumps(report)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["no-such-backend"], "cannot load backend 'no-such-backend': unknown backend"),
+        (["kit_broken_backends:Nothing"], "has no 'Nothing'"),
+        (["host"], "capacity"),  # a required option is missing
+        (["host", "--option", "capacity=lots"], "capacity"),
+        (["host", "--option", "capacity=1MiB", "--setting", "crash_rounds=many"],
+         "crash_rounds takes int"),
+    ],
+)
+def test_cli_refuses_what_it_cannot_load(tmp_path: Path, args: list[str], message: str) -> None:
+    proc, report = conformance(args[0], tmp_path, *args[1:])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stdout
+    assert report == {}
+
+
+def test_plugin_registers_the_marker_and_selects_groups(tmp_path: Path) -> None:
+    (tmp_path / "test_marked.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.kvtier_group('put_get')\n"
+        "def test_a():\n    pass\n\n"
+        "@pytest.mark.kvtier_group('lifecycle')\n"
+        "def test_b():\n    pass\n\n"
+        "def test_c():\n    pass\n"
+    )
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers"]
+    run = subprocess.run([*base, "test_marked.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout + run.stderr
+    picked = subprocess.run(
+        [*base, "--kvtier-group", "put_get", "test_marked.py"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert "1 passed, 2 deselected" in picked.stdout, picked.stdout + picked.stderr
+    wrong = subprocess.run(
+        [*base, "--kvtier-group", "nope", "test_marked.py"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert wrong.returncode == 4 and "invalid choice" in wrong.stderr
