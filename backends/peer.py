@@ -54,7 +54,10 @@ from kvtier.spec import (
     BytesLike,
     Capabilities,
     ClosedError,
+    ConnectionClosedError,
     Option,
+    ProtocolError,
+    RefusedError,
     hookimpl,
 )
 
@@ -116,7 +119,7 @@ class _Payload:
 
     def into(self, view: memoryview) -> None:
         if view.nbytes > self.remaining:
-            raise pp.ProtocolError("reply payload shorter than its sizes")
+            raise ProtocolError("reply payload shorter than its sizes")
         pp.recv_exact(self.sock, view, self.deadline)
         self.remaining -= view.nbytes
 
@@ -182,7 +185,7 @@ class _Conn:
                 raise ConnectionError(f"peer {self.label} closed the connection: "
                                       f"{message.code}: {message.message}")
             if not isinstance(message, pp.Reply | pp.Error) or message.rid != rid:
-                raise pp.ProtocolError(f"expected the reply to request {rid}")
+                raise ProtocolError(f"expected the reply to request {rid}")
             payload = _Payload(self.sock, payload_len, deadline)
             yield message, payload
             if payload.remaining:
@@ -269,9 +272,9 @@ class _Peer:
                 raise _PeerDown(f"peer {self.label} is down ({self.last_error})")
             try:
                 conn = connect(self, deadline)
-            except (pp.Refused, OSError, pp.ProtocolError) as exc:
+            except (RefusedError, OSError, ProtocolError) as exc:
                 self.fault(str(exc) or type(exc).__name__)
-                if isinstance(exc, pp.Refused):
+                if isinstance(exc, RefusedError):
                     raise
                 raise _PeerDown(f"peer {self.label}: {exc}") from exc
             with self.lock:
@@ -359,9 +362,9 @@ class PeerBackend:
         def probe(peer: _Peer) -> None:
             try:
                 peer.connection(self._connect, time.monotonic() + self._connect_timeout)
-            except pp.Refused as exc:
+            except RefusedError as exc:
                 refused.append(str(exc))
-            except (OSError, pp.ProtocolError) as exc:
+            except (OSError, ProtocolError) as exc:
                 log.warning("peer %s is not reachable at open (%s); it will be retried",
                             peer.label, exc)
 
@@ -474,7 +477,7 @@ class PeerBackend:
 
         def done(call: _Call, reply: pp.Reply, payload: _Payload) -> list[int]:
             if reply.sizes is None or len(reply.sizes) != len(call.indices):
-                raise pp.ProtocolError("GET reply does not match its keys")
+                raise ProtocolError("GET reply does not match its keys")
             again = []
             for i, size in zip(call.indices, reply.sizes):
                 if size == pp.RETRY:
@@ -514,7 +517,7 @@ class PeerBackend:
     def _flags_into(result: list[bool]) -> Handler:
         def done(call: _Call, reply: pp.Reply, payload: _Payload) -> list[int]:
             if reply.flags is None or len(reply.flags) != len(call.indices):
-                raise pp.ProtocolError("reply flags do not match the request's keys")
+                raise ProtocolError("reply flags do not match the request's keys")
             for i, flag in zip(call.indices, reply.flags):
                 result[i] = result[i] or flag
             return []
@@ -605,7 +608,7 @@ class PeerBackend:
             # gets one retry on a fresh one instead of costing a batch of misses.
             if retry and conn is not None and conn.born < started and (
                 isinstance(exc, BrokenPipeError | ConnectionResetError)
-                or (isinstance(exc, pp.ConnectionClosed) and not exc.received)
+                or (isinstance(exc, ConnectionClosedError) and not exc.received)
             ):
                 stale.add(peer.index)
                 peer.drop("found dead")
@@ -630,7 +633,7 @@ class PeerBackend:
                     self._count(requests=1, bytes_sent=sent, pipelined=int(pipelined))
                     with peer.lock:
                         peer.counts["requests"] += 1
-            except (OSError, pp.ProtocolError, pp.Refused) as exc:
+            except (OSError, ProtocolError, RefusedError) as exc:
                 trouble(peer, conn, exc)
         for call in calls:
             peer, conn = call.peer, call.conn
@@ -648,7 +651,7 @@ class PeerBackend:
                         again.setdefault(peer.index, []).extend(handle(call, message, payload))
                         self._count(bytes_received=received)
                 done.update(call.indices)
-            except (OSError, pp.ProtocolError) as exc:
+            except (OSError, ProtocolError) as exc:
                 trouble(peer, conn, exc)
         redo = {p: [i for i in groups[p] if i not in done] for p in stale}
         # a reply must make progress, or a server could make us ask forever

@@ -11,9 +11,14 @@ __all__ = [
     "BackendError",
     "ClosedError",
     "ConfigError",
+    "ConnectionClosedError",
     "ContractError",
+    "CorruptBlockError",
     "KvtierError",
     "PluginError",
+    "ProtocolError",
+    "RefusedError",
+    "VersionMismatchError",
 ]
 
 
@@ -54,3 +59,45 @@ class PluginError(KvtierError, ImportError):
 
 class ContractError(KvtierError, TypeError):
     """A backend answered in a way the contract forbids (wrong length, wrong type)."""
+
+
+class CorruptBlockError(KvtierError, ValueError):
+    """A stored block failed a check: wrong magic, namespace, key, length or checksum.
+
+    Never reaches a chain's caller: the tier counts it and answers a miss.
+    """
+
+
+# -- the peer protocol (``kvtier serve`` and the ``peer`` backend) -------------
+
+
+class ProtocolError(KvtierError, ValueError):
+    """A frame or message broke the peer protocol: bad magic, limits, types or lengths."""
+
+
+class VersionMismatchError(ProtocolError):
+    """The other side speaks another protocol ``version``."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+class RefusedError(KvtierError):
+    """A peer refused the handshake: protocol version, authentication, namespace.
+
+    A configuration problem, not an outage: ``auth`` tells whether the
+    secret was the reason.
+    """
+
+    def __init__(self, message: str, auth: bool = False) -> None:
+        super().__init__(message)
+        self.auth = auth
+
+
+class ConnectionClosedError(KvtierError, ConnectionError):
+    """The other side closed the connection; ``received`` bytes of the read had arrived."""
+
+    def __init__(self, message: str, received: int = 0) -> None:
+        super().__init__(message)
+        self.received = received

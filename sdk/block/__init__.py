@@ -5,7 +5,7 @@ Imports only :mod:`kvtier.spec`; everything above builds on it.
 
 from __future__ import annotations
 
-from kvtier.block.framing import Codec, CorruptBlockError, Header
+from kvtier.block.framing import Codec, Header
 from kvtier.block.namespace import FORMAT_VERSION, Namespace
 
-__all__ = ["FORMAT_VERSION", "Codec", "CorruptBlockError", "Header", "Namespace"]
+__all__ = ["FORMAT_VERSION", "Codec", "Header", "Namespace"]

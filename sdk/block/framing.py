@@ -45,7 +45,7 @@ import xxhash
 import zstandard
 
 from kvtier.block.namespace import FORMAT_VERSION
-from kvtier.spec import BytesLike, KvtierError
+from kvtier.spec import BytesLike, CorruptBlockError
 
 __all__ = [
     "ALIGN",
@@ -53,7 +53,6 @@ __all__ = [
     "CODECS",
     "MAGIC",
     "Codec",
-    "CorruptBlockError",
     "Header",
     "check_payload",
     "decode_into",
@@ -79,13 +78,6 @@ ALIGN_MIN = 256 << 10
 # a zstd block of up to 128 KiB of output takes at least 4 bytes (an RLE block),
 # so no frame expands more than this: bounds what a header may make us allocate
 _MAX_ZSTD_RATIO = 1 << 15
-
-
-class CorruptBlockError(KvtierError, ValueError):
-    """A stored block failed a check: wrong magic, namespace, key, length or checksum.
-
-    Never reaches a chain's caller: the tier counts it and answers a miss.
-    """
 
 
 @dataclass(frozen=True)

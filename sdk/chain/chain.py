@@ -35,7 +35,7 @@ from kvtier.chain.tier import Evicted, Tier
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
 from kvtier.plugins.registry import BackendRegistry, default_registry
-from kvtier.spec import MAX_KEY_SIZE, BytesLike, ClosedError
+from kvtier.spec import MAX_KEY_SIZE, BytesLike, ClosedError, CorruptBlockError
 
 __all__ = ["Chain", "JobResult", "open_chain"]
 
@@ -413,7 +413,7 @@ class Chain:
                 tier.stats.add(hits=1, bytes_out=raw_len)
                 return bytes(buffer)
             framing.decode_into(blob, self._ns, key, out, verify=tier.verify)
-        except framing.CorruptBlockError:
+        except CorruptBlockError:
             tier.stats.add(corrupt=1)
             return False
         tier.stats.add(hits=1, bytes_out=out.nbytes)

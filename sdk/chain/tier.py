@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.block import framing
-from kvtier.block.framing import Codec, CorruptBlockError
+from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.observe.stats import TierStats
 from kvtier.plugins.registry import BackendHandle
-from kvtier.spec import BytesLike, Capabilities, ClosedError, ContractError
+from kvtier.spec import BytesLike, Capabilities, ClosedError, ContractError, CorruptBlockError
 
 if TYPE_CHECKING:
     from kvtier.config.loader import TierConfig

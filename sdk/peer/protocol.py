@@ -61,7 +61,14 @@ from typing import Any
 
 import msgpack
 
-from kvtier.spec import MAX_KEY_SIZE, BytesLike, KvtierError
+from kvtier.spec import (
+    MAX_KEY_SIZE,
+    BytesLike,
+    ConnectionClosedError,
+    ProtocolError,
+    RefusedError,
+    VersionMismatchError,
+)
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -70,11 +77,7 @@ __all__ = [
     "MAX_KEYS",
     "MAX_KEY_LEN",
     "PROTOCOL_VERSION",
-    "ConnectionClosed",
     "FrameReader",
-    "ProtocolError",
-    "Refused",
-    "VersionMismatch",
     "client_handshake",
     "decode_frame",
     "format_address",
@@ -116,38 +119,6 @@ try:
     _IOV_MAX = min(int(os.sysconf("SC_IOV_MAX")), 1024)
 except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
     _IOV_MAX = 16
-
-
-class ProtocolError(KvtierError, ValueError):
-    """A frame or message broke the protocol: bad magic, limits, types or lengths."""
-
-
-class VersionMismatch(ProtocolError):
-    """The other side speaks another protocol version."""
-
-    def __init__(self, message: str, version: int) -> None:
-        super().__init__(message)
-        self.version = version
-
-
-class Refused(KvtierError):
-    """The handshake was refused: protocol version, authentication, namespace.
-
-    A configuration problem, not an outage: ``auth`` tells whether the
-    secret was the reason.
-    """
-
-    def __init__(self, message: str, auth: bool = False) -> None:
-        super().__init__(message)
-        self.auth = auth
-
-
-class ConnectionClosed(ConnectionError):
-    """The other side closed the connection; ``received`` bytes of the read had arrived."""
-
-    def __init__(self, message: str, received: int = 0) -> None:
-        super().__init__(message)
-        self.received = received
 
 
 # -------------------------------------------------------------------------
@@ -266,14 +237,14 @@ def parse_message(h: dict[str, Any], payload_len: int) -> Message:
     """Check a decoded header (and its payload length) and return the typed message.
 
     Raises :class:`ProtocolError` for anything the protocol does not allow,
-    :class:`VersionMismatch` for a HELLO or WELCOME of another version.
+    :class:`VersionMismatchError` for a HELLO or WELCOME of another version.
     """
     kind = _int(h, "t", 0, 255)
     if kind in (HELLO, WELCOME):
         # the version is checked first: the rest of a future HELLO may differ
         version = _int(h, "v", 0, 1 << 31)
         if version != PROTOCOL_VERSION:
-            raise VersionMismatch(f"peer speaks protocol {version}, this side "
+            raise VersionMismatchError(f"peer speaks protocol {version}, this side "
                                   f"{PROTOCOL_VERSION}", version)
         _no_payload(kind, payload_len)
         if kind == WELCOME:
@@ -432,10 +403,10 @@ class FrameReader:
         """
         try:
             recv_exact(sock, memoryview(self._prefix), deadline)
-        except ConnectionClosed as exc:
+        except ConnectionClosedError as exc:
             if exc.received:
                 raise
-            raise ConnectionClosed("connection closed by peer between frames") from None
+            raise ConnectionClosedError("connection closed by peer between frames") from None
         header_len, payload_len = parse_prefix(self._prefix, max_payload)
         recv_exact(sock, self._view[:header_len], deadline)
         return unpack_header(self._view[:header_len]), payload_len
@@ -474,7 +445,7 @@ def recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
             wait_io(sock, False, deadline)
             continue
         if not n:
-            raise ConnectionClosed(f"connection closed by peer after {got} of {total} bytes",
+            raise ConnectionClosedError(f"connection closed by peer after {got} of {total} bytes",
                                    got)
         got += n
 
@@ -556,16 +527,16 @@ def server_handshake(sock: socket.socket, reader: FrameReader, secret: bytes | N
                      max_payload: int, deadline: float) -> Hello:
     """The server's side: HELLO -> WELCOME (-> AUTH -> AUTH_OK).
 
-    On refusal the client is told why (an ERROR frame), then :class:`Refused`
+    On refusal the client is told why (an ERROR frame), then :class:`RefusedError`
     is raised; the caller closes the connection.
     """
     head, payload_len = reader.read_head(sock, deadline, 0)
     try:
         hello = parse_message(head, payload_len)
-    except VersionMismatch as exc:
+    except VersionMismatchError as exc:
         message = f"server speaks protocol {PROTOCOL_VERSION}, client {exc.version}"
         send_buffers(sock, [error_frame(0, "version", message, v=PROTOCOL_VERSION)], deadline)
-        raise Refused(message) from None
+        raise RefusedError(message) from None
     if not isinstance(hello, Hello):
         raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
     server_nonce = nonce()
@@ -576,13 +547,13 @@ def server_handshake(sock: socket.socket, reader: FrameReader, secret: bytes | N
         return hello
     try:
         head, payload_len = reader.read_head(sock, deadline, 0)
-    except ConnectionClosed:
-        raise Refused("client left without authenticating", auth=True) from None
+    except ConnectionClosedError:
+        raise RefusedError("client left without authenticating", auth=True) from None
     auth = parse_message(head, payload_len)
     expected = proof(secret, b"client", hello, server_nonce)
     if not (isinstance(auth, Auth) and auth.kind == AUTH and check_proof(expected, auth.mac)):
         send_buffers(sock, [error_frame(0, "auth", "authentication failed")], deadline)
-        raise Refused("authentication failed", auth=True)
+        raise RefusedError("authentication failed", auth=True)
     ok = {"t": AUTH_OK, "mac": proof(secret, b"server", hello, server_nonce)}
     send_buffers(sock, [frame(ok)], deadline)
     return hello
@@ -592,7 +563,7 @@ def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | Non
                      max_payload: int, label: str, deadline: float) -> int:
     """The client's side; returns the payload limit both sides accept.
 
-    Raises :class:`Refused` (naming ``label``) for a configuration mismatch.
+    Raises :class:`RefusedError` (naming ``label``) for a configuration mismatch.
     """
     hello = Hello(PROTOCOL_VERSION, namespace, nonce(), secret is not None, max_payload)
     send_buffers(sock, [frame({"t": HELLO, "v": hello.version, "ns": namespace,
@@ -602,13 +573,13 @@ def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | Non
     if not isinstance(welcome, Welcome):
         raise ProtocolError(f"peer {label}: expected WELCOME")
     if welcome.auth and secret is None:
-        raise Refused(f"peer {label} requires authentication: set this tier's 'secret' "
+        raise RefusedError(f"peer {label} requires authentication: set this tier's 'secret' "
                       "option (e.g. secret: ${KVTIER_PEER_SECRET})", auth=True)
     limit = min(max_payload, welcome.max_payload)
     if secret is None:
         return limit
     if not welcome.auth:
-        raise Refused(f"peer {label} does not authenticate, but this tier has a secret: "
+        raise RefusedError(f"peer {label} does not authenticate, but this tier has a secret: "
                       "refusing a server that cannot prove it knows it (start it with "
                       "--secret-file or KVTIER_PEER_SECRET)", auth=True)
     mac = proof(secret, b"client", hello, welcome.nonce)
@@ -617,7 +588,7 @@ def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | Non
     if not isinstance(ok, Auth) or ok.kind != AUTH_OK:
         raise ProtocolError(f"peer {label}: expected AUTH_OK")
     if not check_proof(proof(secret, b"server", hello, welcome.nonce), ok.mac):
-        raise Refused(f"peer {label} failed to prove it knows the secret", auth=True)
+        raise RefusedError(f"peer {label} failed to prove it knows the secret", auth=True)
     return limit
 
 
@@ -625,16 +596,16 @@ def _expect(sock: socket.socket, reader: FrameReader, label: str, deadline: floa
     head, payload_len = reader.read_head(sock, deadline, 0)
     try:
         message = parse_message(head, payload_len)
-    except VersionMismatch as exc:
-        raise Refused(f"peer {label}: server speaks protocol {exc.version}, "
+    except VersionMismatchError as exc:
+        raise RefusedError(f"peer {label}: server speaks protocol {exc.version}, "
                       f"this client {PROTOCOL_VERSION}") from None
     if isinstance(message, Error):
         if message.code == "version":
-            raise Refused(f"peer {label}: server speaks protocol {message.version}, "
+            raise RefusedError(f"peer {label}: server speaks protocol {message.version}, "
                           f"this client {PROTOCOL_VERSION}")
         if message.code == "auth":
-            raise Refused(f"peer {label}: authentication failed (wrong secret?)", auth=True)
+            raise RefusedError(f"peer {label}: authentication failed (wrong secret?)", auth=True)
         if message.code == "busy":
             raise ConnectionError(f"peer {label} is busy: {message.message}")
-        raise Refused(f"peer {label} refused the connection: {message.message}")
+        raise RefusedError(f"peer {label} refused the connection: {message.message}")
     return message

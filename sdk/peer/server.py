@@ -57,7 +57,14 @@ from kvtier.config.loader import ChainConfig, load_config
 from kvtier.config.units import format_size, parse_size
 from kvtier.peer import protocol as pp
 from kvtier.plugins.registry import BackendRegistry
-from kvtier.spec import BytesLike, ConfigError, KvtierError
+from kvtier.spec import (
+    BytesLike,
+    ConfigError,
+    ConnectionClosedError,
+    KvtierError,
+    ProtocolError,
+    RefusedError,
+)
 
 __all__ = ["SECRET_ENV", "PeerServer", "is_loopback", "parse_listen", "serve_command"]
 
@@ -367,7 +374,7 @@ class PeerServer:
             try:
                 hello = pp.server_handshake(sock, reader, self._secret, self._max_payload,
                                             time.monotonic() + HANDSHAKE_TIMEOUT)
-            except pp.Refused as exc:
+            except RefusedError as exc:
                 self._count(auth_failures=int(exc.auth))
                 log.warning("kvtier serve: %s: refused: %s", label, exc)
                 return
@@ -383,10 +390,10 @@ class PeerServer:
                 return
             held = (hello.namespace, entry)
             self._requests(sock, label, reader, chain, min(self._max_payload, hello.max_payload))
-        except pp.ProtocolError as exc:
+        except ProtocolError as exc:
             self._count(protocol_errors=1)
             log.warning("kvtier serve: %s: protocol error, closing the connection: %s", label, exc)
-        except pp.ConnectionClosed as exc:
+        except ConnectionClosedError as exc:
             if exc.received:
                 log.warning("kvtier serve: %s: %s", label, exc)
             else:
@@ -423,7 +430,7 @@ class PeerServer:
             head, payload_len = reader.read_head(sock, deadline, self._max_payload)
             request = pp.parse_message(head, payload_len)
             if not isinstance(request, pp.Request):
-                raise pp.ProtocolError(f"expected a request, got {type(request).__name__}")
+                raise ProtocolError(f"expected a request, got {type(request).__name__}")
             kind = pp.NAMES[request.kind]
             blobs: list[BytesLike] = []
             buffer = self._buffers.take(payload_len, deadline) if payload_len else None

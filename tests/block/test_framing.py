@@ -18,7 +18,6 @@ from kvtier.block.framing import (
     ALIGN_MIN,
     MAGIC,
     Codec,
-    CorruptBlockError,
     decode_into,
     encode,
     encode_parts,
@@ -27,6 +26,7 @@ from kvtier.block.framing import (
     recode,
 )
 from kvtier.block.namespace import FORMAT_VERSION
+from kvtier.spec import CorruptBlockError
 
 NS = Namespace("model-a", dtype="bfloat16", tokens_per_block=32).fingerprint
 OTHER_NS = Namespace("model-b", dtype="bfloat16", tokens_per_block=32).fingerprint

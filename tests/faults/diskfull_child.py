@@ -22,6 +22,7 @@ import msgpack
 import kvtier
 import kvtier.chain.tier as tier_module
 from kvtier.block import framing
+from kvtier.spec import CorruptBlockError
 from kvtier.testing.data import block_for
 
 NS = kvtier.Namespace("full-model", dtype="bfloat16", tokens_per_block=16)
@@ -109,7 +110,7 @@ def _decodes(blob: Any, key: bytes, size: int) -> bool:
     out = bytearray(size)
     try:
         framing.decode_into(blob, NS.fingerprint, key, memoryview(out))
-    except framing.CorruptBlockError:
+    except CorruptBlockError:
         return False
     return bytes(out) == block_for(key, size)
 

@@ -20,6 +20,7 @@ from seaweed import SeaweedServer
 
 import kvtier
 from kvtier.block import framing
+from kvtier.spec import CorruptBlockError
 from kvtier.testing.data import block_for
 
 NS = kvtier.Namespace("rot-model", dtype="bfloat16", tokens_per_block=16)
@@ -158,7 +159,7 @@ def test_every_single_header_byte_change_is_caught(fault_report: Report) -> None
                 try:
                     framing.decode_into(bytes(changed), NS.fingerprint, b"k",
                                             memoryview(out))
-                except framing.CorruptBlockError:
+                except CorruptBlockError:
                     caught += 1
                     continue
                 assert out == payload, (codec, offset, value)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import kvtier
 from kvtier.block import framing
 from kvtier.config import load_config
-from kvtier.spec import ConfigError
+from kvtier.spec import ConfigError, CorruptBlockError
 
 NS = kvtier.Namespace("fuzz-model", dtype="bfloat16").fingerprint
 KEY = b"fuzz-key"
@@ -86,7 +86,7 @@ def decode_all_ways(blob: bytes, size: int) -> None:
         lambda: framing.recode(blob, NS, KEY, framing.Codec("zstd", 1, 4), verify=True),
         lambda: framing.recode(blob, NS, KEY, framing.Codec("none"), verify=False),
     ):
-        with contextlib.suppress(framing.CorruptBlockError):
+        with contextlib.suppress(CorruptBlockError):
             call()
 
 
@@ -228,5 +228,5 @@ def test_flipped_shuffle_width_is_caught(dtype: str) -> None:
         fields[7] = other
         body = msgpack.packb(fields, use_bin_type=True)
         forged = struct.pack("<4sH", b"KVTB", len(body)) + body + blob[head:]
-        with pytest.raises(framing.CorruptBlockError):
+        with pytest.raises(CorruptBlockError):
             framing.decode_into(forged, NS, KEY, memoryview(bytearray(len(payload))))

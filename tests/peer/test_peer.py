@@ -22,7 +22,7 @@ from kvtier.backends.peer import PeerBackend
 from kvtier.block.framing import Codec, encode
 from kvtier.peer import protocol as pp
 from kvtier.plugins.registry import BackendRegistry
-from kvtier.spec import BackendError, ClosedError, ConfigError
+from kvtier.spec import BackendError, ClosedError, ConfigError, ConnectionClosedError, ProtocolError
 
 NS = Namespace("peer-test", dtype="bfloat16", tokens_per_block=16)
 SIZES = [1, 100, 4096, 65536, 1 << 20, 8 << 20]
@@ -351,7 +351,7 @@ def test_protocol_version_mismatch_is_a_clear_error(
         error = pp.parse_message(head, size)
         assert isinstance(error, pp.Error) and error.code == "version"
         assert error.message == "server speaks protocol 1, client 99"
-        with pytest.raises(pp.ConnectionClosed):
+        with pytest.raises(ConnectionClosedError):
             pp.FrameReader().read_head(sock, deadline, 0)
     # and a client of another version says so at open, naming the peer
     monkeypatch.setattr(pp, "PROTOCOL_VERSION", 2)
@@ -530,7 +530,7 @@ class FakePeer:
                         return
                     self.release.wait(60)
                     return
-            except (OSError, pp.ProtocolError):
+            except (OSError, ProtocolError):
                 return
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ from kvtier import Namespace, open_chain
 from kvtier.backends.peer import PeerBackend
 from kvtier.peer import protocol as pp
 from kvtier.plugins.registry import BackendRegistry
+from kvtier.spec import ConnectionClosedError, ProtocolError
 
 NS = Namespace("fuzz-model")
 #: What decoding one frame may allocate beyond its input: the header limit, with room
@@ -106,7 +107,7 @@ def decode_all(data: bytes) -> None:
 
 
 def only_protocol_errors(data: bytes) -> None:
-    with contextlib.suppress(pp.ProtocolError):
+    with contextlib.suppress(ProtocolError):
         decode_all(data)
 
 
@@ -157,7 +158,7 @@ def test_stream_reader_bounded_and_typed(data: bytes) -> None:
     tracemalloc.start()
     try:
         read_frame(data)
-    except (pp.ProtocolError, pp.ConnectionClosed):
+    except (ProtocolError, ConnectionClosedError):
         pass
     finally:
         _, peak = tracemalloc.get_traced_memory()
@@ -170,9 +171,9 @@ def test_a_declared_4gib_payload_is_refused_before_any_allocation(declared: int)
     head = pp.frame({"t": pp.PUT, "id": 1, "k": [b"k"], "s": [declared]}, declared)
     tracemalloc.start()
     try:
-        with pytest.raises(pp.ProtocolError, match="exceeds the limit"):
+        with pytest.raises(ProtocolError, match="exceeds the limit"):
             read_frame(head)
-        with pytest.raises(pp.ProtocolError, match="exceeds the limit"):
+        with pytest.raises(ProtocolError, match="exceeds the limit"):
             pp.decode_frame(head)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -182,15 +183,15 @@ def test_a_declared_4gib_payload_is_refused_before_any_allocation(declared: int)
 
 def test_a_header_at_the_limit_decodes_and_one_beyond_is_refused() -> None:
     keys_at_limit = [bytes([i % 256]) * 64 for i in range(4096)]
-    with pytest.raises(pp.ProtocolError, match="exceeds"):
+    with pytest.raises(ProtocolError, match="exceeds"):
         pp.frame({"t": pp.LOOKUP, "id": 1, "k": keys_at_limit})  # 4096 x 64 B > 64 KiB
     big: dict[str, Any] = {"t": pp.LOOKUP, "id": 1, "k": [b"k" * 8] * 4096}
     assert pp.parse_message(*_decoded(pp.frame(big))) == pp.Request(pp.LOOKUP, 1, big["k"], [])
     too_many = {"t": pp.LOOKUP, "id": 1, "k": [b"k"] * 4097}
-    with pytest.raises(pp.ProtocolError):
+    with pytest.raises(ProtocolError):
         decode_all(pp.frame(too_many))
     long_key = {"t": pp.LOOKUP, "id": 1, "k": [b"k" * 65]}
-    with pytest.raises(pp.ProtocolError):
+    with pytest.raises(ProtocolError):
         decode_all(pp.frame(long_key))
 
 
