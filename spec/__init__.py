@@ -21,12 +21,20 @@ from .errors import (
     RefusedError,
     VersionMismatchError,
 )
-from .hookspecs import CONTRACT_VERSION, MAX_KEY_SIZE, BytesLike, hookimpl, hookspec
+from .hookspecs import (
+    CONTRACT_VERSION,
+    MAX_KEY_SIZE,
+    REQUIRED_HOOKS,
+    BytesLike,
+    hookimpl,
+    hookspec,
+)
 from .types import Capabilities, Option, OptionType
 
 __all__ = [
     "CONTRACT_VERSION",
     "MAX_KEY_SIZE",
+    "REQUIRED_HOOKS",
     "BackendError",
     "BytesLike",
     "Capabilities",

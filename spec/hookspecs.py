@@ -26,10 +26,17 @@ Conventions that hold for every data hook:
   ``kvtier_options`` (pure introspection) raises
   :class:`~kvtier.spec.ClosedError`.
 
-Two data hooks are optional fast paths, for backends that can avoid a copy:
-``kvtier_put_parts`` (gather write) and ``kvtier_get_into`` (scatter read).
-A simple backend implements ``kvtier_put`` and ``kvtier_get`` only, storing
-and returning ``bytes``.
+Four hooks are required (:data:`REQUIRED_HOOKS`): ``kvtier_put``,
+``kvtier_get``, ``kvtier_lookup`` and ``kvtier_evict``.  Every other hook is
+optional and has a section of its own below; a backend that leaves one out
+gets kvtier's default (no options, default capabilities, no figures, nothing
+to open or close), and the optional fast paths ``kvtier_put_parts`` (gather
+write) and ``kvtier_get_into`` (scatter read) are simply not used.  A simple
+backend implements the four required hooks only, storing and returning
+``bytes``.
+
+Every hook that answers is a pluggy *first-result* hook: the first non-None
+answer is the answer, so one backend instance answers each call alone.
 """
 
 # mypy: disable-error-code="empty-body"
@@ -47,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONTRACT_VERSION",
     "MAX_KEY_SIZE",
+    "REQUIRED_HOOKS",
     "BytesLike",
     "hookimpl",
     "hookspec",
@@ -55,6 +63,9 @@ __all__ = [
 #: Version of this contract, ``"MAJOR.MINOR"``.  A new optional hook bumps the
 #: minor number; a changed signature or meaning bumps the major number.
 CONTRACT_VERSION = "1.0"
+
+#: The hooks every backend implements; the others are optional.
+REQUIRED_HOOKS = ("kvtier_put", "kvtier_get", "kvtier_lookup", "kvtier_evict")
 
 #: Longest key kvtier passes to a backend, in bytes.
 MAX_KEY_SIZE = 64
@@ -67,7 +78,76 @@ hookimpl = pluggy.HookimplMarker("kvtier")
 
 
 # -------------------------------------------------------------------------
-# lifecycle and introspection
+# required: the data path
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kvtier_put(
+    keys: Sequence[bytes],
+    blocks: Sequence[BytesLike],
+    evicted: MutableSequence[tuple[bytes, BytesLike]],
+) -> Sequence[bool]:
+    """Store ``blocks[i]`` under ``keys[i]``.
+
+    :param keys: the keys, see the conventions above.
+    :param blocks: the blocks, as bytes-like objects, valid only during the
+        call: a backend that keeps one must copy it (keeping a reference to a
+        ``bytes`` object is such a copy).  Copy once.
+    :param evicted: a list to which a backend with a capacity appends
+        ``(key, block)`` for every block this call pushed out, before
+        dropping it, so the chain can move it to the tier below.  The block
+        handed over must stay valid after the call (``bytes`` is ideal).
+        Backends without capacity, or that declare
+        ``reports_evictions=False``, ignore it.
+
+    :return: one ``bool`` per key: ``True`` if the block is now stored (or
+        already was), ``False`` if it was refused (larger than the capacity
+        or ``max_block_size``).  A refused block is not an error.
+
+    A reader must never see a partial block: publish atomically.
+
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
+    """Fetch blocks.
+
+    :param keys: the keys, see the conventions above.
+    :return: per key, the block exactly as stored (a bytes-like object the
+        caller may keep and the backend must never modify afterwards), or
+        ``None`` for a miss.
+
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_lookup(keys: Sequence[bytes]) -> Sequence[bool]:
+    """Tell which keys are stored, without reading their blocks.
+
+    :param keys: the keys, see the conventions above.
+    :return: per key, ``True`` if a ``kvtier_get`` issued now would hit.  A
+        backend may answer from a short-lived cache; ``kvtier_get`` remains
+        the authority (a stale ``True`` becomes a miss there).
+
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_evict(keys: Sequence[bytes]) -> Sequence[bool]:
+    """Remove blocks.
+
+    :param keys: the keys, see the conventions above.
+    :return: per key, ``True`` if a block was removed by this call, ``False``
+        if the key was not stored (which is harmless).  Evicted blocks are
+        not reported through ``evicted``: the caller asked for their removal.
+
+    """
+
+
+# -------------------------------------------------------------------------
+# optional: lifecycle and introspection
 # -------------------------------------------------------------------------
 
 
@@ -82,7 +162,6 @@ def kvtier_options() -> Mapping[str, Option] | None:
         kvtier rejects any other key in the tier entry, fills defaults, and
         parses sizes and durations before ``kvtier_open`` sees them.
 
-    Stops at first non-None result, see :ref:`firstresult`.
     """
 
 
@@ -116,7 +195,6 @@ def kvtier_capabilities() -> Capabilities:
 
     :return: a :class:`~kvtier.spec.Capabilities`.
 
-    Stops at first non-None result, see :ref:`firstresult`.
     """
 
 
@@ -131,7 +209,6 @@ def kvtier_stats() -> Mapping[str, int | float] | None:
 
     :return: a flat mapping of names to numbers.
 
-    Stops at first non-None result, see :ref:`firstresult`.
     """
 
 
@@ -146,37 +223,8 @@ def kvtier_close() -> None:
 
 
 # -------------------------------------------------------------------------
-# data path
+# optional: zero-copy fast paths
 # -------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def kvtier_put(
-    keys: Sequence[bytes],
-    blocks: Sequence[BytesLike],
-    evicted: MutableSequence[tuple[bytes, BytesLike]],
-) -> Sequence[bool]:
-    """Store ``blocks[i]`` under ``keys[i]``.
-
-    :param keys: the keys, see the conventions above.
-    :param blocks: the blocks, as bytes-like objects, valid only during the
-        call: a backend that keeps one must copy it (keeping a reference to a
-        ``bytes`` object is such a copy).  Copy once.
-    :param evicted: a list to which a backend with a capacity appends
-        ``(key, block)`` for every block this call pushed out, before
-        dropping it, so the chain can move it to the tier below.  The block
-        handed over must stay valid after the call (``bytes`` is ideal).
-        Backends without capacity, or that declare
-        ``reports_evictions=False``, ignore it.
-
-    :return: one ``bool`` per key: ``True`` if the block is now stored (or
-        already was), ``False`` if it was refused (larger than the capacity
-        or ``max_block_size``).  A refused block is not an error.
-
-    A reader must never see a partial block: publish atomically.
-
-    Stops at first non-None result, see :ref:`firstresult`.
-    """
 
 
 @hookspec(firstresult=True)
@@ -185,7 +233,7 @@ def kvtier_put_parts(
     parts: Sequence[Sequence[BytesLike]],
     evicted: MutableSequence[tuple[bytes, BytesLike]],
 ) -> Sequence[bool]:
-    """Optional: store blocks given as gather lists, without joining them.
+    """Store blocks given as gather lists, without joining them.
 
     Same as ``kvtier_put``, except that block ``i`` is the concatenation of
     ``parts[i]`` (typically a small header and a large payload).  Implement
@@ -198,20 +246,6 @@ def kvtier_put_parts(
     :param evicted: as in ``kvtier_put``.
     :return: as in ``kvtier_put``.
 
-    Stops at first non-None result, see :ref:`firstresult`.
-    """
-
-
-@hookspec(firstresult=True)
-def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
-    """Fetch blocks.
-
-    :param keys: the keys, see the conventions above.
-    :return: per key, the block exactly as stored (a bytes-like object the
-        caller may keep and the backend must never modify afterwards), or
-        ``None`` for a miss.
-
-    Stops at first non-None result, see :ref:`firstresult`.
     """
 
 
@@ -219,7 +253,7 @@ def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
 def kvtier_get_into(
     keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
 ) -> Sequence[int | None]:
-    """Optional: fetch blocks straight into the caller's buffers.
+    """Fetch blocks straight into the caller's buffers.
 
     :param keys: the keys, see the conventions above.
     :param buffers: per key, a scatter list of writable byte memoryviews
@@ -230,44 +264,17 @@ def kvtier_get_into(
         buffers' content is unspecified and kvtier falls back to
         ``kvtier_get`` for that key.
 
-    Stops at first non-None result, see :ref:`firstresult`.
-    """
-
-
-@hookspec(firstresult=True)
-def kvtier_lookup(keys: Sequence[bytes]) -> Sequence[bool]:
-    """Tell which keys are stored, without reading their blocks.
-
-    :param keys: the keys, see the conventions above.
-    :return: per key, ``True`` if a ``kvtier_get`` issued now would hit.  A
-        backend may answer from a short-lived cache; ``kvtier_get`` remains
-        the authority (a stale ``True`` becomes a miss there).
-
-    Stops at first non-None result, see :ref:`firstresult`.
-    """
-
-
-@hookspec(firstresult=True)
-def kvtier_evict(keys: Sequence[bytes]) -> Sequence[bool]:
-    """Remove blocks.
-
-    :param keys: the keys, see the conventions above.
-    :return: per key, ``True`` if a block was removed by this call, ``False``
-        if the key was not stored (which is harmless).  Evicted blocks are
-        not reported through ``evicted``: the caller asked for their removal.
-
-    Stops at first non-None result, see :ref:`firstresult`.
     """
 
 
 # -------------------------------------------------------------------------
-# testing
+# optional: for the conformance kit
 # -------------------------------------------------------------------------
 
 
 @hookspec(firstresult=True)
 def kvtier_tamper(key: bytes, transform: Callable[[bytes], bytes]) -> bool | None:
-    """Optional, for the conformance kit only: rewrite a stored block raw.
+    """For the conformance kit only: rewrite a stored block raw.
 
     Replace the stored bytes ``b`` of ``key`` by ``transform(b)``, bypassing
     the backend's own bookkeeping (sizes in an index, caches), the way bit
@@ -279,5 +286,4 @@ def kvtier_tamper(key: bytes, transform: Callable[[bytes], bytes]) -> bool | Non
         if it was not stored.  Backends without it skip the kit's corruption
         group.
 
-    Stops at first non-None result, see :ref:`firstresult`.
     """

@@ -173,7 +173,7 @@ class Tier:
             framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
         ]
         blobs: list[bytes | None]
-        if self.handle.has_put_parts:
+        if self.handle.implements("kvtier_put_parts"):
             blobs = [None] * len(keys)
             result = self._call(
                 "put", lambda: self.handle.put_parts(keys, parts, evicted), len(keys)
@@ -236,7 +236,7 @@ class Tier:
             return []
         found = [False] * n
         fallback = list(range(n))
-        if self.handle.has_get_into and self.codec.name == "none":
+        if self.handle.implements("kvtier_get_into") and self.codec.name == "none":
             fallback = []
             for lo, hi in self._cache_sized(outs):
                 sub_found = [False] * (hi - lo)

@@ -42,7 +42,6 @@ INSTALL_HINTS = {
 }
 
 _HOOK_NAMES = frozenset(n for n in dir(hookspecs) if n.startswith("kvtier_"))
-_REQUIRED_HOOKS = ("kvtier_put", "kvtier_get", "kvtier_lookup", "kvtier_evict")
 
 
 @dataclass(frozen=True)
@@ -58,9 +57,8 @@ class BackendInfo:
 class BackendHandle:
     """One validated backend instance behind typed methods.
 
-    The only place that calls pluggy hooks.  Optional hooks the instance does
-    not implement are reported by :attr:`has_put_parts`,
-    :attr:`has_get_into` and :attr:`has_tamper`.
+    The only place that calls pluggy hooks.  :meth:`implements` tells which
+    optional hooks the instance has.
     """
 
     def __init__(self, info: BackendInfo, instance: object) -> None:
@@ -80,15 +78,19 @@ class BackendHandle:
         self._pm = pm
         hook = pm.hook
         implemented = {name for name in _HOOK_NAMES if getattr(hook, name).get_hookimpls()}
-        missing = [name for name in _REQUIRED_HOOKS if name not in implemented]
+        missing = [name for name in hookspecs.REQUIRED_HOOKS if name not in implemented]
         if missing:
             raise PluginError(
                 f"backend {label} does not implement required hook(s): {', '.join(missing)}"
             )
-        self.has_put_parts = "kvtier_put_parts" in implemented
-        self.has_get_into = "kvtier_get_into" in implemented
-        self.has_tamper = "kvtier_tamper" in implemented
+        self._implemented = frozenset(implemented)
         self._hook = hook
+
+    def implements(self, hook: str) -> bool:
+        """Whether the instance implements ``hook`` (a name from :mod:`kvtier.spec.hookspecs`)."""
+        if hook not in _HOOK_NAMES:
+            raise ValueError(f"{hook!r} is not a kvtier hook")
+        return hook in self._implemented
 
     # lifecycle ------------------------------------------------------------
     def options(self) -> Mapping[str, Option]:
@@ -154,7 +156,7 @@ class BackendHandle:
         return result
 
     def tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
-        if not self.has_tamper:
+        if not self.implements("kvtier_tamper"):
             raise PluginError(f"backend {_label(self.info)} does not implement kvtier_tamper")
         return bool(self._hook.kvtier_tamper(key=key, transform=transform))
 

@@ -101,7 +101,7 @@ class KitBackend:
         parts: Sequence[Sequence[BytesLike]],
         evicted: list[tuple[bytes, bytes]] | None = None,
     ) -> list[bool]:
-        """``kvtier_put_parts`` (the test must check ``handle.has_put_parts`` first)."""
+        """``kvtier_put_parts``; the test checks ``handle.implements`` first."""
         raw: list[tuple[bytes, BytesLike]] = []
         answer = self.handle.put_parts(keys, parts, raw)
         flags = self._flags("kvtier_put_parts", answer, len(keys))
@@ -122,7 +122,7 @@ class KitBackend:
     def get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> list[int | None]:
-        """``kvtier_get_into`` (the test must check ``handle.has_get_into`` first)."""
+        """``kvtier_get_into``; the test checks ``handle.implements`` first."""
         sizes = self._answer("kvtier_get_into", self.handle.get_into(keys, buffers), len(keys))
         for size in sizes:
             if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
@@ -226,7 +226,7 @@ class KitBase:
             self.store = self.open_backend()
             self.caps = self.store.caps
             reason = missing_capability(
-                group, self.backend, self.caps, self.store.handle.has_tamper
+                group, self.backend, self.caps, self.store.handle.implements("kvtier_tamper")
             )
         except BaseException:
             self._close_all()

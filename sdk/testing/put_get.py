@@ -99,9 +99,9 @@ class PutGetTests(KitBase):
         assert store.get([]) == []
         assert store.lookup([]) == []
         assert store.evict([]) == []
-        if store.handle.has_put_parts:
+        if store.handle.implements("kvtier_put_parts"):
             assert store.put_parts([], []) == []
-        if store.handle.has_get_into:
+        if store.handle.implements("kvtier_get_into"):
             assert store.get_into([], []) == []
 
     @group
@@ -155,7 +155,7 @@ class PutGetTests(KitBase):
 
     @group
     def test_put_parts_equals_put(self) -> None:
-        if not self.store.handle.has_put_parts:
+        if not self.store.handle.implements("kvtier_put_parts"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_put_parts")
         keys = [key_of("parts", i) for i in range(4)]
         blocks = [block_for(k, size) for k, size in zip(keys, (1, 100, 70_001, 4 * KIB))]
@@ -176,7 +176,7 @@ class PutGetTests(KitBase):
 
     @group
     def test_put_parts_copies_the_callers_buffers(self) -> None:
-        if not self.store.handle.has_put_parts:
+        if not self.store.handle.implements("kvtier_put_parts"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_put_parts")
         key = key_of("parts-copy", 0)
         block = block_for(key, 8 * KIB)
@@ -188,7 +188,7 @@ class PutGetTests(KitBase):
 
     @group
     def test_get_into(self) -> None:
-        if not self.store.handle.has_get_into:
+        if not self.store.handle.implements("kvtier_get_into"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
         keys = [key_of("into", i) for i in range(3)]
         blocks = [block_for(k, size) for k, size in zip(keys, (1, 5000, 70_001))]
@@ -215,7 +215,7 @@ class PutGetTests(KitBase):
 
     @group
     def test_get_into_repeated_key(self) -> None:
-        if not self.store.handle.has_get_into:
+        if not self.store.handle.implements("kvtier_get_into"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
         key = key_of("into-dup", 0)
         block = block_for(key, 3000)

@@ -175,7 +175,7 @@ def test_put_parts_and_get_into_match_put_and_get(url: str, opener: Opener) -> N
     wide = array.array("H", range(1000))
     parts: list[list[BytesLike]] = [[header, p, memoryview(wide)] for p in payloads]
     joined = [header + p + wide.tobytes() for p in payloads]
-    assert tier.has_put_parts and tier.has_get_into
+    assert tier.implements("kvtier_put_parts") and tier.implements("kvtier_get_into")
     assert list(tier.put_parts(keys, parts, [])) == [True] * len(keys)
     assert [as_bytes(g) for g in tier.get(keys)] == joined
 
@@ -474,7 +474,7 @@ def test_tamper_truncated_block_is_returned_as_stored(url: str, opener: Opener) 
     tier = opener(url)
     data = blob(8192)
     assert all(tier.put([b"rot"], [data], []))
-    assert tier.has_tamper
+    assert tier.implements("kvtier_tamper")
     assert tier.tamper(b"rot", lambda b: b[:100]) is True
     assert as_bytes(tier.get([b"rot"])[0]) == data[:100]
     assert list(tier.get_into([b"rot"], [[memoryview(bytearray(8192))]])) == [100]

@@ -54,7 +54,8 @@ def resident(handle: BackendHandle, keys: Sequence[bytes]) -> set[bytes]:
 def test_entry_point_options_and_hooks() -> None:
     handle = default_registry().create("host")
     assert handle.info.value == "kvtier.backends.host:HostBackend"
-    assert handle.has_put_parts and handle.has_get_into and handle.has_tamper
+    optional = ("kvtier_put_parts", "kvtier_get_into", "kvtier_tamper")
+    assert all(handle.implements(hook) for hook in optional)
     opts = handle.options()
     assert set(opts) == {"capacity", "eviction", "max_block_size"}
     assert opts["capacity"].type == "size" and opts["capacity"].required

@@ -167,7 +167,8 @@ def test_entry_point_is_discovered() -> None:
     assert (info.distribution, info.version) == ("kvtier-redis", redis_backend_version)
     handle = registry.create("redis")
     assert type(handle.instance) is RedisBackend
-    assert handle.has_tamper and not handle.has_put_parts and not handle.has_get_into
+    assert handle.implements("kvtier_tamper")
+    assert not handle.implements("kvtier_put_parts") and not handle.implements("kvtier_get_into")
     assert {"url", "prefix", "capacity", "timeout", "password"} <= set(handle.options())
     assert handle.options()["password"].secret
     # an instance never opened answers for its defaults, without a server

@@ -169,3 +169,12 @@ def test_entry_point_metadata_is_what_pyproject_declares() -> None:
     }
     assert eps["host"] == "kvtier.backends.host:HostBackend"
     assert eps["fs"] == "kvtier.backends.fs:FsBackend"
+
+
+def test_implements_names_optional_hooks_and_refuses_unknown_names() -> None:
+    from kvtier.plugins import default_registry
+
+    handle = default_registry().create("host")
+    assert handle.implements("kvtier_put") and handle.implements("kvtier_tamper")
+    with pytest.raises(ValueError, match="not a kvtier hook"):
+        handle.implements("kvtier_teleport")
