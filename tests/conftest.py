@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 from seaweed import SeaweedServer
+from seaweed_cluster import SeaweedCluster
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +35,17 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServe
 def bucket(s3_server: SeaweedServer) -> str:
     """A new, empty bucket on ``s3_server``; its name."""
     return s3_server.make_bucket(f"kvt-{uuid.uuid4().hex[:16]}")
+
+
+@pytest.fixture(scope="session")
+def seaweed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedCluster]:
+    """A replicated SeaweedFS (master, three volume servers, filer, S3; replication 001)."""
+    cluster = SeaweedCluster(tmp_path_factory.mktemp("seaweed-cluster"))
+    cluster.start()
+    logging.getLogger("kvtier.tests").info(
+        "SeaweedFS cluster S3 at %s, logs in %s", cluster.endpoint, cluster.base_dir
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
