@@ -311,6 +311,11 @@ def _ring_hash(data: bytes) -> int:
 class PeerBackend:
     """Blocks held by other nodes' ``kvtier serve``, over the kvtier peer protocol."""
 
+    #: The server keeps only blocks framed by a chain of the connection's
+    #: namespace (it checks each header): ``kvtier conformance`` certifies
+    #: this backend through a chain of one peer tier.
+    framed_only = True
+
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
         self._state = "new"

@@ -45,7 +45,8 @@ _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
 _EXPECTED = {
     "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
     "size": "a size such as 8GiB, 500MB or 4096 (bytes)",
-    "duration": "a duration such as 250ms, 2s or 1m", "list": "a list", "map": "a mapping",
+    "duration": "a duration such as 250ms, 2s or 1m",
+    "list": "a list (or one string of comma-separated items)", "map": "a mapping",
 }
 _T = "tag:yaml.org,2002:"
 _SCALAR_TAGS = frozenset(_T + t for t in ("str", "int", "float", "bool", "null", "timestamp"))
@@ -481,6 +482,10 @@ def _convert(kind: str, value: Any) -> Any:
         return parse_size(value) if kind == "size" else parse_duration(value)
     if kind == "list" and isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if kind == "list" and isinstance(value, str):
+        # one string is a list of its comma-separated items: `peers=host:port`
+        # on a command line, or `${PEERS}` from the environment
+        return [item.strip() for item in str(value).split(",") if item.strip()]
     if kind == "map" and isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     raise ValueError(kind)

@@ -1,0 +1,101 @@
+"""A chain of one tier as a backend, for certifying backends that store only framed blocks.
+
+Some backends keep only what a chain writes: the ``peer`` backend's server
+checks every block's header against the connection's namespace and refuses
+anything else, while the kit puts raw bytes.  Such a backend says so with a
+class attribute ``framed_only = True``, and ``kvtier conformance`` then runs
+the kit on :class:`ChainOfOne` instead: a chain of that one backend, served
+through :meth:`Chain.put`, :meth:`Chain.get_bytes`, :meth:`Chain.lookup` and
+:meth:`Chain.evict`, so that every block is framed on the way out and checked
+on the way back, as on a node.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, MutableSequence, Sequence
+from typing import Any
+
+from kvtier import Chain, Namespace, open_chain
+from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
+
+from kvtier.testing.resolve import resolve_backend
+
+__all__ = ["CHAIN_OF_ONE", "ChainOfOne", "framed_only"]
+
+#: What ``kvtier conformance`` runs instead of a backend that is ``framed_only``.
+CHAIN_OF_ONE = "kvtier.testing.through_chain:ChainOfOne"
+
+
+def framed_only(instance: object) -> bool:
+    """Whether a backend instance declares that it stores only blocks framed by a chain."""
+    return getattr(type(instance), "framed_only", False) is True
+
+
+class ChainOfOne:
+    """A chain whose only tier is backend ``tier_backend`` with options ``tier_options``."""
+
+    def __init__(self) -> None:
+        self._chain: Chain | None = None
+        self._closed = False
+        self._persistent = False
+        self._lock = threading.Lock()
+
+    @hookimpl
+    def kvtier_options(self) -> Mapping[str, Option]:
+        return {
+            "tier_backend": Option("str", "the backend of the chain's one tier", required=True),
+            "tier_options": Option("map", "that backend's options", default={}),
+        }
+
+    @hookimpl
+    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+        if self._closed:
+            raise ClosedError("chain backend is closed")
+        registry, name = resolve_backend(options["tier_backend"])
+        tier = {**options["tier_options"], "name": "tier", "backend": name}
+        self._chain = open_chain({"chain": [tier]}, namespace=Namespace.from_hex(namespace),
+                                 registry=registry)
+        self._persistent = self._chain.tiers[0].capabilities.persistent
+
+    def _live(self) -> Chain:
+        if self._chain is None or self._closed:
+            raise ClosedError("chain backend is closed" if self._closed else "not open")
+        return self._chain
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        self._live()
+        return Capabilities(persistent=self._persistent, thread_safe=True)
+
+    @hookimpl
+    def kvtier_close(self) -> None:
+        with self._lock:
+            chain, self._closed = self._chain, True
+        if chain is not None:
+            chain.close()
+
+    @hookimpl
+    def kvtier_put(
+        self,
+        keys: Sequence[bytes],
+        blocks: Sequence[BytesLike],
+        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    ) -> list[bool]:
+        del evicted  # declared without a capacity: nothing to report
+        return self._live().put(keys, blocks)
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return self._live().get_bytes(keys)
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        return [where is not None for where in self._live().lookup(keys)]
+
+    @hookimpl
+    def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
+        chain = self._live()
+        # Chain.evict counts; one key at a time gives the per-key answer, and a
+        # key repeated in the batch is removed by its first mention
+        return [chain.evict([key]) == 1 for key in keys]
