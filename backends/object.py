@@ -13,7 +13,11 @@ creates (``If-None-Match: *``), so a block another instance already stored is
 neither uploaded twice nor rewritten.  Lookups may be answered from a
 short-lived presence cache.  With ``capacity`` or ``max_age`` set, the
 instance keeps an index of the namespace (rebuilt by a LIST at open) and
-deletes the oldest objects by last-modified time.
+deletes the oldest objects by last-modified time.  Several writers of one
+namespace (nodes sharing a pool) each see the others' blocks at the next
+LIST, every ``scan_interval``: ``capacity`` bounds the whole namespace after
+each pass, and between passes it can be exceeded by what the other writers
+stored since their last one.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 #: Seconds between cleanup passes (LIST, then delete what max_age and
-#: capacity exclude) triggered by puts; module-level so tests can shorten it.
+#: capacity exclude) triggered by puts, unless ``scan_interval`` says;
+#: module-level so tests can shorten it.
 CLEANUP_INTERVAL = 60.0
 #: Presence-cache entries kept before expired ones are swept.
 _CACHE_MAX = 1 << 16
@@ -90,6 +95,9 @@ OPTIONS: Mapping[str, Option] = {
     "lookup_cache_ttl": Option("duration", "lifetime of cached lookups; 0: off", default="2s"),
     "capacity": Option("size", "bytes kept in the namespace, oldest deleted; unset: no limit"),
     "max_age": Option("duration", "delete blocks older than this; unset: keep them"),
+    "scan_interval": Option(
+        "duration", "with capacity or max_age: LIST the namespace this often to count "
+        "other writers' blocks (0: after every put); unset: 1m"),
 }
 
 _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -150,6 +158,7 @@ class ObjectBackend:
         self._ttl = 2.0
         self._capacity: int | None = None
         self._max_age: float | None = None
+        self._scan_interval: float | None = None
         self._conditional = True  # falls back to HEAD-then-PUT if the server refuses
         # key -> (present, expiry on the monotonic clock)
         self._cache: dict[bytes, tuple[bool, float]] = {}
@@ -159,7 +168,8 @@ class ObjectBackend:
         self._last_cleanup = 0.0
         self._cleaner: threading.Thread | None = None
         self._stats = dict.fromkeys(
-            ("uploads", "uploaded_bytes", "already_stored", "cache_hits", "heads", "deleted"), 0
+            ("uploads", "uploaded_bytes", "already_stored", "cache_hits", "heads", "deleted",
+             "scans"), 0
         )
 
     # lifecycle --------------------------------------------------------------
@@ -183,7 +193,7 @@ class ObjectBackend:
         self._where = f"s3://{bucket}/{prefix} at {self._endpoint}"
         self._secrets = tuple(s for s in (opts["secret_access_key"],) if s)
         self._ttl, self._capacity = opts["lookup_cache_ttl"], opts["capacity"]
-        self._max_age = opts["max_age"]
+        self._max_age, self._scan_interval = opts["max_age"], opts["scan_interval"]
         config: S3Config = {"region": opts["region"]}
         if endpoint:
             config["endpoint"] = endpoint
@@ -445,10 +455,11 @@ class ObjectBackend:
 
     # capacity and age -------------------------------------------------------
     def _maybe_cleanup(self) -> None:
-        if self._max_age is None:
+        if self._max_age is None and self._capacity is None:
             return
+        interval = CLEANUP_INTERVAL if self._scan_interval is None else self._scan_interval
         with self._lock:
-            if self._state != "open" or time.monotonic() - self._last_cleanup < CLEANUP_INTERVAL:
+            if self._state != "open" or time.monotonic() - self._last_cleanup < interval:
                 return
             if self._cleaner is not None and self._cleaner.is_alive():
                 return
@@ -505,6 +516,7 @@ class ObjectBackend:
                 self._cache.pop(key, None)
         if expired or over:
             self._delete(store, [*expired, *over])
+        self._count(scans=1)  # a pass is counted once its deletes are done
 
     def _delete(self, store: S3Store, keys: list[bytes]) -> None:
         # one DeleteObjects request per 1000 keys
