@@ -18,7 +18,6 @@ from typing import Any
 
 from kvtier import Chain, Namespace, open_chain
 from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
-
 from kvtier.testing.resolve import resolve_backend
 
 __all__ = ["CHAIN_OF_ONE", "ChainOfOne", "framed_only"]

@@ -24,7 +24,7 @@ from kvtier.config import load_config
 from kvtier.spec import ConfigError
 
 SECRET = secrets.token_hex(16)
-CLI = "from kvtier.conformance import conformance_command; conformance_command()"
+CLI = "from kvtier.cli.conformance import conformance_command; conformance_command()"
 
 
 @pytest.fixture(scope="module")
