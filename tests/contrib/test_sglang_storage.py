@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import threading
 from pathlib import Path
@@ -407,3 +409,15 @@ def test_namespace_follows_rank_dtype_layout_and_model() -> None:
     rank1 = namespace_for(storage_config({}, mla=True, tp_rank=1, tp_size=2), mla, "v1")
     assert rank0.fingerprint == rank1.fingerprint  # MLA KV is the same on every TP rank
     assert base.tokens_per_block == PAGE and base.dtype == "bfloat16"
+
+
+def test_readme_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[2] / "contrib" / "sglang" / "README.md").read_text()
+    (example,) = re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+    chain_yaml = tmp_path / "tiers.yaml"
+    chain_yaml.write_text(example)
+    (shown,) = [line for line in readme.splitlines() if line.startswith("--enable-hierarchical")]
+    result = CliRunner().invoke(cli, ["sglang-args", str(chain_yaml)])
+    assert result.exit_code == 0, result.output
+    printed = result.output.splitlines()[1].replace(os.path.abspath(chain_yaml), "/abs/tiers.yaml")
+    assert shlex.split(printed) == shlex.split(shown)
