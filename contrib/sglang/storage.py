@@ -64,7 +64,8 @@ class _HostMemory:
 
     def __init__(self, host_pool: Any) -> None:
         tensors: list[torch.Tensor] = []
-        for name in ("kv_buffer", "k_buffer", "v_buffer"):
+        # kv_buffer for the MHA and MLA pools; the split MLA layout keeps the rest apart
+        for name in ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer"):
             value = getattr(host_pool, name, None)
             values = value if isinstance(value, (list, tuple)) else [value]
             tensors.extend(t for t in values if isinstance(t, torch.Tensor))
