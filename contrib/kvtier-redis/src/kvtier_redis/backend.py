@@ -27,7 +27,7 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -47,6 +47,9 @@ from kvtier.spec import (
 )
 
 from . import _scripts
+
+if TYPE_CHECKING:
+    from ._cluster import ClusterStore
 
 __all__ = ["REDIS_MAX_STRING", "RedisBackend"]
 
@@ -130,6 +133,16 @@ _OPTIONS: Mapping[str, Option] = {
         default="64MiB",
         check=_at_least(1),
     ),
+    "cluster": Option(
+        "bool", "The url names a node of a Redis (or Valkey) Cluster; the namespace is "
+        "split into hash-tagged shards spread over the masters.", default=False,
+    ),
+    "shards": Option(
+        "int", "Shards of a new namespace (cluster only; the capacity is split evenly "
+        "between them). Unset: 16 for a new namespace, the stored count for an existing one.",
+        default=None,
+        check=_at_least(1),
+    ),
 }
 
 
@@ -175,6 +188,15 @@ def _read_count(options: Mapping[str, Any], name: str, *, least: int) -> int:
     return value
 
 
+def _read_flag(options: Mapping[str, Any], name: str) -> bool:
+    value = _read(options, name)
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be true or false, got {value!r}", key=name)
+    return value
+
+
 @dataclass(frozen=True)
 class _Settings:
     url: str
@@ -188,6 +210,8 @@ class _Settings:
     retries: int
     max_connections: int
     batch_bytes: int
+    cluster: bool = False
+    shards: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> _Settings:
@@ -212,7 +236,14 @@ class _Settings:
             retries=_read_count(options, "retries", least=0),
             max_connections=_read_count(options, "max_connections", least=1),
             batch_bytes=_read_count(options, "batch_bytes", least=1),
+            cluster=_read_flag(options, "cluster"),
+            shards=(
+                None if _read(options, "shards") is None
+                else _read_count(options, "shards", least=1)
+            ),
         )
+        if settings.shards is not None and not settings.cluster:
+            raise ConfigError("applies to a cluster only (cluster: true)", key="shards")
         url = urllib.parse.urlsplit(settings.url)
         if url.password is not None and settings.password is not None:
             raise ConfigError("a password is given in the url and as an option", key="password")
@@ -270,7 +301,7 @@ class RedisBackend:
     def __init__(self) -> None:
         # kvtier also instantiates to read options: no connection here
         self._lock = threading.Lock()
-        self._conn: _Conn | None = None
+        self._conn: _Conn | ClusterStore | None = None
         self._closed = False
 
     # lifecycle -------------------------------------------------------------
@@ -296,30 +327,39 @@ class RedisBackend:
             conn = self._conn
         # unopened (`kvtier backends`): the defaults, without I/O
         settings = _Settings.parse({}) if conn is None else conn.settings
+        extra = {"eviction": "lru", "capacity_scope": "namespace"}
+        max_block_size = settings.max_block_size
+        if not isinstance(conn, _Conn) and conn is not None:
+            # a block must fit in its shard's share of the capacity
+            max_block_size = conn.limit
+            extra.update(capacity_scope="shard", shards=str(conn.shards))
         return Capabilities(
             # blocks outlive the instance (and any one client process) on the
             # server; surviving a server restart is Redis' own persistence setting
             persistent=True,
             shared=True,
             thread_safe=True,
-            max_block_size=settings.max_block_size,
+            max_block_size=max_block_size,
             capacity=settings.capacity,
             reports_evictions=True,
-            extra={"eviction": "lru", "capacity_scope": "namespace"},
+            extra=extra,
         )
 
     @hookimpl
     def kvtier_stats(self) -> dict[str, int]:
         conn = self._live()
-        lru, _sizes, meta = conn.keys
-        (used, evictions), blocks = self._run(
-            conn, [("HMGET", meta, "used", "evictions"), ("ZCARD", lru)]
-        )
-        stats = {
-            "used_bytes": int(used or 0),
-            "blocks": int(blocks),
-            "evictions": int(evictions or 0),
-        }
+        if not isinstance(conn, _Conn):
+            stats = conn.stats()  # summed over the shards
+        else:
+            lru, _sizes, meta = conn.keys
+            (used, evictions), blocks = self._run(
+                conn, [("HMGET", meta, "used", "evictions"), ("ZCARD", lru)]
+            )
+            stats = {
+                "used_bytes": int(used or 0),
+                "blocks": int(blocks),
+                "evictions": int(evictions or 0),
+            }
         if conn.settings.capacity is not None:
             stats["capacity_bytes"] = conn.settings.capacity
         return stats
@@ -329,11 +369,13 @@ class RedisBackend:
         with self._lock:
             conn, self._conn = self._conn, None
             self._closed = True
-        if conn is not None:
+        if isinstance(conn, _Conn):
             # every write was acknowledged by the server before its hook
             # returned, so closing loses nothing
             with contextlib.suppress(RedisError, OSError):
                 conn.client.close()
+        elif conn is not None:
+            conn.close()
 
     # data path -------------------------------------------------------------
     @hookimpl
@@ -342,6 +384,8 @@ class RedisBackend:
     ) -> list[bool]:
         _check_batch(keys, blocks)
         conn = self._live()
+        if not isinstance(conn, _Conn):
+            return conn.put(keys, blocks, evicted)
         settings = conn.settings
         buffers = [_as_buffer(block) for block in blocks]
         stored = [False] * len(keys)
@@ -382,6 +426,8 @@ class RedisBackend:
         conn = self._live()
         if not keys:
             return []
+        if not isinstance(conn, _Conn):
+            return conn.get(keys)
         commands: list[tuple[Any, ...]] = [("MGET", *(conn.data_key(k) for k in keys))]
         if conn.settings.capacity is not None:
             # recency only matters where something is evicted
@@ -393,6 +439,8 @@ class RedisBackend:
     @hookimpl
     def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
         conn = self._live()
+        if not isinstance(conn, _Conn):
+            return conn.lookup(keys)
         # one EXISTS per key: EXISTS of several keys answers a count, not which
         answers = self._run(conn, [("EXISTS", conn.data_key(k)) for k in keys])
         return [bool(answer) for answer in answers]
@@ -400,6 +448,8 @@ class RedisBackend:
     @hookimpl
     def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
         conn = self._live()
+        if not isinstance(conn, _Conn):
+            return conn.evict(keys)
         commands = [
             self._script(conn, _EVICT, [conn.data_key(k) for k in keys[start:end]], keys[start:end])
             for start, end in _ranges(len(keys), _MAX_KEYS_PER_SCRIPT)
@@ -409,6 +459,8 @@ class RedisBackend:
     @hookimpl
     def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         conn = self._live()
+        if not isinstance(conn, _Conn):
+            return conn.tamper(key, transform)
         data_key = conn.data_key(key)
         (old,) = self._run(conn, [("GET", data_key)])
         if old is None:
@@ -418,8 +470,12 @@ class RedisBackend:
         return bool(done)
 
     # internals -------------------------------------------------------------
-    def _connect(self, settings: _Settings, namespace: str) -> _Conn:
+    def _connect(self, settings: _Settings, namespace: str) -> _Conn | ClusterStore:
         where = redact(settings.url)
+        if settings.cluster:
+            from ._cluster import ClusterStore  # redis-py's cluster client, only when asked
+
+            return ClusterStore(settings, namespace, where)
         extra: dict[str, Any] = {}
         if settings.username is not None:
             extra["username"] = settings.username
@@ -451,7 +507,7 @@ class RedisBackend:
             raise
         return conn
 
-    def _live(self) -> _Conn:
+    def _live(self) -> _Conn | ClusterStore:
         conn = self._conn
         if conn is None:
             raise ClosedError(f"redis backend is {'closed' if self._closed else 'not open'}")
