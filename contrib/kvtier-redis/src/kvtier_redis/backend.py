@@ -18,6 +18,9 @@ script.  Large blocks go to the socket from the caller's buffers, uncopied
 (redis-py sends big arguments as they are).  ``kvtier_put_parts`` and
 ``kvtier_get_into`` are left out: a Redis argument is one buffer and redis-py
 materialises each reply as ``bytes``, so neither would save a copy.
+
+With ``cluster: true`` the hooks go to :class:`kvtier_redis._cluster.ClusterStore`
+instead: the namespace split into hash-tagged shards on a Redis Cluster.
 """
 
 from __future__ import annotations
