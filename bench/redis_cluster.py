@@ -31,14 +31,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests" / "support"), str(HERE.parent / "tests")]
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from kvtier_redis import RedisBackend  # noqa: E402
 from redis.cluster import RedisCluster  # noqa: E402
 from redis_cluster import RedisClusterServer  # noqa: E402
 
 import kvtier  # noqa: E402
-from kvtier.units import parse_size  # noqa: E402
+from kvtier.config.units import parse_size  # noqa: E402
 
 NS = "b" * 32
 TAGS = 16
