@@ -119,6 +119,7 @@ def _attach_commands() -> None:
     from kvtier.bench.cli import bench_command
     from kvtier.cli.conformance import conformance_command
     from kvtier.contrib.sglang import sglang_args_command
+    from kvtier.contrib.lmcache import lmcache_args_command
     from kvtier.contrib.vllm import vllm_args_command
     from kvtier.peer.server import serve_command
 
@@ -127,6 +128,7 @@ def _attach_commands() -> None:
     cli.add_command(serve_command)
     cli.add_command(sglang_args_command)
     cli.add_command(vllm_args_command)
+    cli.add_command(lmcache_args_command)
 
 
 _attach_commands()

@@ -1,0 +1,507 @@
+"""``KvtierL2Adapter``: a kvtier chain as an LMCache (0.5) multiprocess-mode L2 adapter.
+
+LMCache's storage manager drives L2 adapters from two controller threads
+(store, prefetch) through a non-blocking interface: each ``submit_*`` returns a
+task id at once, and the adapter signals one eventfd per operation when tasks
+finish; the controller then collects the results (``pop_completed_store_tasks``,
+``query_lookup_and_lock_result``, ``query_load_result``).
+
+Here every task runs as a job of the chain's own asynchronous surface
+(``submit_put``, ``submit_lookup``, ``submit_get``), so the controllers never
+wait for storage.  One completion thread collects finished jobs
+(``Chain.poll``), records the results and writes the eventfd.
+
+Locks
+    A lookup-and-lock pins each hit until ``submit_unlock`` (counted: two
+    locks need two unlocks).  A pinned key is never deleted through
+    :meth:`KvtierL2Adapter.delete` (LMCache's eviction): the delete waits
+    for the last unlock.  Blocks of non-persistent tiers (the RAM tier, which
+    evicts for room at every store) are also *copied* into adapter memory
+    at lock time, and a load of a pinned key is served from that copy, so
+    such a block cannot be lost before unlock whatever the chain evicts.
+    Blocks of persistent tiers (``fs``, ``object``) are not copied: their
+    tiers drop blocks only by their own ``capacity``/``max_age`` settings,
+    an outside delete or a fault, and then the load reports a miss, never
+    wrong data.  ``lock_copies: all`` copies those too (a full guarantee at
+    the cost of reading every hit at lookup time).  Copies are bounded by
+    ``max_locked_bytes``; a hit that would exceed it is reported not found.
+
+Usage
+    ``get_usage`` comes from the chain's stats (bytes and capacities its
+    backends report).  The adapter declares no capacity to LMCache
+    (``max_capacity_bytes=0``): the chain's tiers evict by their own policies,
+    and LMCache runs no second, global eviction over them.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInterface
+from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
+
+import kvtier
+
+from .keys import kvtier_key
+from .settings import AdapterSettings
+
+if TYPE_CHECKING:
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.distributed.internal_api import L1MemoryDesc
+    from lmcache.v1.memory_management import MemoryObj
+
+__all__ = ["KvtierL2Adapter", "KvtierL2AdapterConfig"]
+
+log = logging.getLogger("kvtier.contrib.lmcache")
+
+#: While jobs are outstanding the completion thread waits for the oldest one
+#: at most this long before collecting whatever else finished: a slow object
+#: read must not hold back the eventfd of a host hit queued behind it.
+_POLL_S = 0.002
+
+
+class KvtierL2AdapterConfig(L2AdapterConfigBase):
+    """LMCache config class of the adapter, found by the plugin loader by its name.
+
+    ``from_dict`` gets ``adapter_params``: ``kvtier_config`` (required: the
+    chain's YAML), ``namespace`` (a model name or a :class:`kvtier.Namespace`
+    mapping, default ``"lmcache"``), ``lock_copies`` (``ram`` or ``all``),
+    ``max_locked_bytes`` (default ``1GiB``) and ``job_workers`` (default 4).
+    A bad value, or a chain YAML that does not validate, stops LMCache at
+    start-up with the message.
+    """
+
+    def __init__(self, settings: AdapterSettings) -> None:
+        self.settings = settings
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KvtierL2AdapterConfig:
+        return cls(AdapterSettings.from_params(d))
+
+    @classmethod
+    def help(cls) -> str:
+        return (
+            "kvtier L2 adapter (plugin) adapter_params:\n"
+            "- kvtier_config (str): path of the kvtier chain YAML (required)\n"
+            "- namespace (str | object): model name or kvtier namespace (default 'lmcache')\n"
+            "- lock_copies ('ram' | 'all'): which locked blocks are copied (default 'ram')\n"
+            "- max_locked_bytes (size): bound on those copies (default '1GiB')\n"
+            "- job_workers (int): chain job threads (default 4)\n"
+            "`kvtier lmcache-args tiers.yaml` prints the whole --l2-adapter flag."
+        )
+
+
+@dataclass
+class _Counters:
+    stores: int = 0
+    store_failures: int = 0
+    lookups: int = 0
+    locked: int = 0
+    lock_copies: int = 0
+    lock_over_budget: int = 0
+    load_hits: int = 0
+    load_misses: int = 0
+    deletes_deferred: int = 0
+    job_errors: int = 0
+
+
+class _EventFd:
+    """One Linux eventfd, non-blocking, closed on exec (as LMCache's own)."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def signal(self) -> None:
+        if self.fd >= 0:
+            os.eventfd_write(self.fd, 1)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _bytes_of(obj: MemoryObj) -> memoryview:
+    """The object's bytes (its logical size) as a flat, writable ``B`` view.
+
+    ``byte_array`` of LMCache's tensor objects is a ctypes view of format
+    ``<B``, which slice assignment refuses; the cast view is the same memory.
+    """
+    return memoryview(obj.byte_array).cast("B")
+
+
+def _layout_bytes(desc: MemoryLayoutDesc) -> int:
+    return sum(int(s.numel()) * d.itemsize for s, d in zip(desc.shapes, desc.dtypes))
+
+
+class KvtierL2Adapter(L2AdapterInterface):
+    """LMCache ``L2AdapterInterface`` over one kvtier chain; thread-safe.
+
+    Built by LMCache's plugin loader from ``{"type": "plugin", "module_path":
+    "kvtier.contrib.lmcache", "class_name": "KvtierL2Adapter",
+    "adapter_params": {"kvtier_config": "tiers.yaml"}}``.
+    """
+
+    def __init__(
+        self,
+        config: KvtierL2AdapterConfig | Mapping[str, Any],
+        l1_memory_desc: L1MemoryDesc | None = None,
+    ) -> None:
+        super().__init__(max_capacity_bytes=0)
+        if not isinstance(config, KvtierL2AdapterConfig):
+            config = KvtierL2AdapterConfig.from_dict(dict(config))
+        self.settings = config.settings
+        self.chain = kvtier.open_chain(
+            self.settings.chain, namespace=self.settings.namespace,
+            job_workers=self.settings.job_workers,
+        )
+        copy_all = self.settings.lock_copies == "all"
+        self._copy_tier = [copy_all or not t.capabilities.persistent for t in self.chain.tiers]
+        self._efds = {op: _EventFd() for op in ("store", "lookup", "load")}
+        self._cond = threading.Condition()
+        self._task_ids = itertools.count()
+        self._handlers: dict[int, Callable[[kvtier.JobResult], None]] = {}
+        self._local: deque[Callable[[], None]] = deque()
+        self._stores: dict[int, L2StoreResult] = {}
+        self._lookups: dict[int, Bitmap] = {}
+        self._loads: dict[int, Bitmap] = {}
+        self._pins: dict[bytes, int] = {}
+        self._copies: dict[bytes, bytearray] = {}
+        self._copied_bytes = 0
+        self._deferred: dict[bytes, ObjectKey] = {}
+        self._counters = _Counters()
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._complete_loop, name="kvtier-lmcache", daemon=True
+        )
+        self._thread.start()
+
+    # eventfds ---------------------------------------------------------------
+    def get_store_event_fd(self) -> int:
+        return self._efds["store"].fd
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._efds["lookup"].fd
+
+    def get_load_event_fd(self) -> int:
+        return self._efds["load"].fd
+
+    # store ------------------------------------------------------------------
+    def submit_store_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> int:
+        """Store ``objects`` (LMCache's L1 buffers, read straight) under ``keys``."""
+        task_id = next(self._task_ids)
+        sizes = [obj.get_size() for obj in objects]
+
+        def done(res: kvtier.JobResult | None) -> None:
+            flags = list(res.result) if res is not None and res.error is None else []
+            stored = [i for i, flag in enumerate(flags) if flag]
+            ok = len(flags) == len(keys) and len(stored) == len(keys)
+            with self._cond:
+                self._counters.stores += 1
+                self._counters.store_failures += not ok
+                self._stores[task_id] = L2StoreResult(ok, sum(sizes[i] for i in stored))
+            if stored:
+                self._notify_keys_stored([keys[i] for i in stored], [sizes[i] for i in stored])
+            self._efds["store"].signal()
+
+        if len(keys) != len(objects):
+            log.error("kvtier: store task with %d keys and %d objects", len(keys), len(objects))
+            self._run_local(lambda: done(None))
+            return task_id
+        self._submit(
+            lambda: self.chain.submit_put([kvtier_key(k) for k in keys],
+                                          [_bytes_of(obj) for obj in objects]),
+            done,
+        )
+        return task_id
+
+    def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
+        with self._cond:
+            done, self._stores = self._stores, {}
+        return done
+
+    # lookup and lock ----------------------------------------------------------
+    def submit_lookup_and_lock_task(
+        self, keys: list[ObjectKey], group_layout_descs: dict[int, MemoryLayoutDesc]
+    ) -> int:
+        """Find ``keys`` and pin the hits (see the module notes); a bitmap of the pinned."""
+        task_id = next(self._task_ids)
+        kv = [kvtier_key(k) for k in keys]
+        sizes = {gid: _layout_bytes(desc) for gid, desc in (group_layout_descs or {}).items()}
+        self._submit(
+            lambda: self.chain.submit_lookup(kv),
+            lambda res: self._after_lookup(task_id, keys, kv, sizes, res),
+        )
+        return task_id
+
+    def _after_lookup(
+        self, task_id: int, keys: list[ObjectKey], kv: list[bytes],
+        sizes: Mapping[int, int], res: kvtier.JobResult | None,
+    ) -> None:
+        where = list(res.result) if res is not None and res.error is None else []
+        if len(where) != len(kv):
+            where = [None] * len(kv)
+        locked = [False] * len(kv)
+        to_copy: list[int] = []
+        with self._cond:
+            for i, tier in enumerate(where):
+                if tier is None:
+                    continue
+                if kv[i] in self._copies or not self._copy_tier[tier]:
+                    self._pin(kv[i])
+                    locked[i] = True
+                    continue
+                size = sizes.get(keys[i].object_group_id)
+                if size is None or self._copied_bytes + size > self.settings.max_locked_bytes:
+                    self._counters.lock_over_budget += 1
+                    continue
+                self._copied_bytes += size
+                to_copy.append(i)
+        if not to_copy:
+            self._finish_lock(task_id, locked)
+            return
+        buffers = [bytearray(sizes[keys[i].object_group_id]) for i in to_copy]
+        self._submit(
+            lambda: self.chain.submit_get([kv[i] for i in to_copy], buffers),
+            lambda got: self._after_copy(task_id, kv, locked, to_copy, buffers, got),
+        )
+
+    def _after_copy(
+        self, task_id: int, kv: list[bytes], locked: list[bool], to_copy: list[int],
+        buffers: list[bytearray], res: kvtier.JobResult | None,
+    ) -> None:
+        flags = list(res.result) if res is not None and res.error is None else []
+        if len(flags) != len(to_copy):
+            flags = [False] * len(to_copy)
+        with self._cond:
+            for i, buffer, flag in zip(to_copy, buffers, flags):
+                if flag and kv[i] not in self._copies:
+                    self._copies[kv[i]] = buffer
+                    self._counters.lock_copies += 1
+                else:  # a miss, or another lock copied it meanwhile
+                    self._copied_bytes -= len(buffer)
+                if flag or kv[i] in self._copies:
+                    self._pin(kv[i])
+                    locked[i] = True
+        self._finish_lock(task_id, locked)
+
+    def _pin(self, key: bytes) -> None:
+        self._pins[key] = self._pins.get(key, 0) + 1
+
+    def _finish_lock(self, task_id: int, locked: list[bool]) -> None:
+        bitmap = Bitmap(len(locked))
+        for i, flag in enumerate(locked):
+            if flag:
+                bitmap.set(i)
+        with self._cond:
+            self._counters.lookups += 1
+            self._counters.locked += sum(locked)
+            self._lookups[task_id] = bitmap
+        self._efds["lookup"].signal()
+
+    def query_lookup_and_lock_result(self, task_id: int) -> Bitmap | None:
+        with self._cond:
+            return self._lookups.pop(task_id, None)
+
+    def submit_unlock(self, keys: list[ObjectKey]) -> None:
+        """Drop one pin per key; the last one frees its copy and runs a deferred delete."""
+        ready: list[ObjectKey] = []
+        with self._cond:
+            for key in keys:
+                kv = kvtier_key(key)
+                count = self._pins.get(kv, 0)
+                if count > 1:
+                    self._pins[kv] = count - 1
+                    continue
+                if count == 1:
+                    del self._pins[kv]
+                    copy = self._copies.pop(kv, None)
+                    if copy is not None:
+                        self._copied_bytes -= len(copy)
+                    if kv in self._deferred:
+                        ready.append(self._deferred.pop(kv))
+        if ready:
+            self._run_local(lambda: self._delete_now(ready))
+
+    # load ---------------------------------------------------------------------
+    def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> int:
+        """Fill ``objects`` (LMCache's buffers) with ``keys``: from lock copies, else the chain."""
+        task_id = next(self._task_ids)
+        if len(keys) != len(objects):
+            log.error("kvtier: load task with %d keys and %d objects", len(keys), len(objects))
+            self._run_local(lambda: self._finish_load(task_id, keys, [False] * len(keys)))
+            return task_id
+        kv = [kvtier_key(k) for k in keys]
+        views = [_bytes_of(obj) for obj in objects]
+        with self._cond:  # hold the copies now: an early unlock must not drop them
+            copied = {i: self._copies[k] for i, k in enumerate(kv) if k in self._copies}
+        rest = [i for i in range(len(kv)) if i not in copied]
+
+        def done(res: kvtier.JobResult | None) -> None:
+            hits = [False] * len(kv)
+            flags = list(res.result) if res is not None and res.error is None else []
+            for i, flag in zip(rest, flags):
+                hits[i] = bool(flag)
+            for i, copy in copied.items():
+                if len(copy) == views[i].nbytes:
+                    views[i][:] = copy
+                    hits[i] = True
+            self._finish_load(task_id, keys, hits)
+
+        if rest:
+            self._submit(
+                lambda: self.chain.submit_get([kv[i] for i in rest], [views[i] for i in rest]),
+                done,
+            )
+        else:
+            self._run_local(lambda: done(None))
+        return task_id
+
+    def _finish_load(self, task_id: int, keys: list[ObjectKey], hits: list[bool]) -> None:
+        bitmap = Bitmap(len(hits))
+        for i, hit in enumerate(hits):
+            if hit:
+                bitmap.set(i)
+        with self._cond:
+            self._counters.load_hits += sum(hits)
+            self._counters.load_misses += len(hits) - sum(hits)
+            self._loads[task_id] = bitmap
+        found = [k for k, hit in zip(keys, hits) if hit]
+        if found:
+            self._notify_keys_accessed(found)
+        self._efds["load"].signal()
+
+    def query_load_result(self, task_id: int) -> Bitmap | None:
+        with self._cond:
+            return self._loads.pop(task_id, None)
+
+    # eviction and usage ---------------------------------------------------------
+    def delete(self, keys: list[ObjectKey]) -> None:
+        """Remove ``keys`` from every tier; a pinned key goes at its last unlock."""
+        now: list[ObjectKey] = []
+        with self._cond:
+            for key in keys:
+                kv = kvtier_key(key)
+                if kv in self._pins:
+                    self._deferred[kv] = key
+                    self._counters.deletes_deferred += 1
+                else:
+                    now.append(key)
+        if now:
+            self._run_local(lambda: self._delete_now(now))
+
+    def _delete_now(self, keys: list[ObjectKey]) -> None:
+        self.chain.evict([kvtier_key(k) for k in keys])
+        self._notify_keys_deleted(keys, [0] * len(keys))
+
+    def get_usage(self) -> AdapterUsage:
+        """Bytes the chain's backends hold, and their capacity (0 if any tier has none)."""
+        tiers = self.chain.stats()["tiers"]
+        figures = [t.get("backend_stats", {}) for t in tiers]
+        used = sum(int(f.get("used_bytes", 0) or 0) for f in figures)
+        capacities = [f.get("capacity_bytes") for f in figures]
+        known = bool(capacities) and all(isinstance(c, int) and c > 0 for c in capacities)
+        return AdapterUsage(
+            total_bytes_used=used,
+            total_capacity_bytes=sum(int(c) for c in capacities) if known else 0,
+            bytes_by_cache_salt=MappingProxyType({}),
+        )
+
+    def report_status(self) -> dict[str, Any]:
+        """Health of every tier and the adapter's counters."""
+        tiers = self.chain.stats()["tiers"]
+        with self._cond:
+            counters = asdict(self._counters)
+            pinned, copied = len(self._pins), self._copied_bytes
+        return {
+            "is_healthy": any(t["healthy"] for t in tiers),
+            "type": type(self).__name__,
+            "tiers": [
+                {k: t.get(k) for k in ("name", "backend", "healthy", "hits", "misses", "corrupt")}
+                for t in tiers
+            ],
+            "pinned_keys": pinned,
+            "copied_bytes": copied,
+            **counters,
+        }
+
+    def close(self) -> None:
+        """Finish outstanding tasks, close the chain and the eventfds.  Idempotent."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.chain.close()
+        for efd in self._efds.values():
+            efd.close()
+
+    # completion machinery ---------------------------------------------------------
+    def _submit(
+        self, start: Callable[[], int], handler: Callable[[kvtier.JobResult | None], None]
+    ) -> None:
+        """Start a chain job and register what runs when it finishes.
+
+        Both under the lock: the completion thread looks a job up only while
+        holding it, so it cannot see the job finish before its handler exists.
+        A chain that refuses the job (closed) makes the handler run with None.
+        """
+        with self._cond:
+            try:
+                job_id = start()
+            except Exception as exc:
+                log.warning("kvtier: chain refused a job: %r", exc)
+                self._counters.job_errors += 1
+                self._local.append(lambda: handler(None))
+            else:
+                self._handlers[job_id] = handler
+            self._cond.notify_all()
+
+    def _run_local(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._local.append(fn)
+            self._cond.notify_all()
+
+    def _complete_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._handlers or self._local or self._closing):
+                    self._cond.wait()
+                if self._closing and not (self._handlers or self._local):
+                    return
+                local = list(self._local)
+                self._local.clear()
+                oldest = min(self._handlers) if self._handlers else None
+            for fn in local:
+                self._guarded(fn)
+            if oldest is not None:
+                self.chain.wait([oldest], timeout=_POLL_S)
+            for res in self.chain.poll():
+                with self._cond:
+                    handler = self._handlers.pop(res.job_id, None)
+                if handler is None:
+                    continue
+                if res.error is not None:
+                    log.warning("kvtier: chain job %s failed: %r", res.kind, res.error)
+                    with self._cond:
+                        self._counters.job_errors += 1
+                self._guarded(functools.partial(handler, res))
+
+    @staticmethod
+    def _guarded(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:  # the thread must live on: LMCache waits on its eventfds
+            log.exception("kvtier: completing an L2 task failed")

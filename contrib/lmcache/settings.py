@@ -1,0 +1,69 @@
+"""The adapter's settings: ``adapter_params`` of the ``--l2-adapter`` JSON, checked.
+
+Kept free of LMCache imports so ``kvtier lmcache-args`` can check a
+configuration on a machine without LMCache; :mod:`.adapter` wraps
+:class:`AdapterSettings` in the config class LMCache's plugin loader finds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.config import ChainConfig, load_config
+from kvtier.spec import KvtierError
+from kvtier.units import parse_size
+
+__all__ = ["LOCK_COPIES", "AdapterSettings"]
+
+#: ``ram``: a lock copies blocks held by non-persistent tiers (RAM, Redis)
+#: into the adapter; ``all``: every locked block is copied.
+LOCK_COPIES = ("ram", "all")
+
+_KNOWN = ("kvtier_config", "namespace", "lock_copies", "max_locked_bytes", "job_workers")
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """Validated ``adapter_params``; the chain's YAML is loaded and checked too."""
+
+    kvtier_config: str
+    chain: ChainConfig
+    namespace: str | Mapping[str, Any] = "lmcache"
+    lock_copies: str = "ram"
+    max_locked_bytes: int = 1 << 30
+    job_workers: int = 4
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> AdapterSettings:
+        """Check ``params``; raises ``ValueError`` naming the bad key (LMCache reports it)."""
+        if not isinstance(params, Mapping):
+            raise ValueError(f"adapter_params must be a JSON object, got {type(params).__name__}")
+        unknown = sorted(set(params) - set(_KNOWN))
+        if unknown:
+            raise ValueError(f"unknown adapter_params {unknown}; known: {list(_KNOWN)}")
+        path = params.get("kvtier_config")
+        if not isinstance(path, str) or not path:
+            raise ValueError("adapter_params.kvtier_config must be the path of a kvtier YAML file")
+        if not os.path.isfile(path):
+            raise ValueError(f"adapter_params.kvtier_config: no such file {path!r}")
+        try:
+            chain = load_config(path)
+        except KvtierError as exc:
+            raise ValueError(f"adapter_params.kvtier_config: {exc}") from exc
+        namespace = params.get("namespace", "lmcache")
+        if not isinstance(namespace, (str, Mapping)) or not namespace:
+            raise ValueError("adapter_params.namespace must be a model name or a namespace object")
+        lock_copies = params.get("lock_copies", "ram")
+        if lock_copies not in LOCK_COPIES:
+            raise ValueError(f"adapter_params.lock_copies must be one of {list(LOCK_COPIES)}")
+        try:
+            max_locked = parse_size(params.get("max_locked_bytes", "1GiB"))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"adapter_params.max_locked_bytes: {exc}") from exc
+        workers = params.get("job_workers", 4)
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError("adapter_params.job_workers must be a positive integer")
+        return cls(path, chain, namespace, lock_copies, max_locked, workers)
