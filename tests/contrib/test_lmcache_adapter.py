@@ -514,3 +514,50 @@ def test_usage_comes_from_the_chain(tmp_path: Path, adapter_of: Any, l1: Any) ->
     fs_only = adapter_of(write_yaml(tmp_path / "fs.yaml", [
         {"name": "disk", "backend": "fs", "url": f"file://{tmp_path}/fs2"}]))
     assert fs_only.get_usage().total_capacity_bytes == 0  # unbounded tier: unknown capacity
+
+
+# --- LMCache's own storage manager (the core of its multiprocess server) ------------------------
+def test_lmcache_storage_manager_stores_and_prefetches_through_kvtier(tmp_path: Path) -> None:
+    """L1 write -> LMCache's store controller -> kvtier; L1 dropped; its prefetch controller
+    looks up, locks, loads from kvtier into L1 and unlocks.  Nothing of the adapter is called
+    by the test: LMCache's controller threads poll its eventfds."""
+    from lmcache.v1.distributed.api import GroupedObjectKeys, PrefetchTaskSpec
+    from lmcache.v1.distributed.config import parse_args
+    from lmcache.v1.distributed.storage_manager import StorageManager
+
+    spec = l2_adapter_spec(host_fs(tmp_path, ram=3 * CHUNK), namespace=MODEL)
+    config = parse_args(["--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--no-l1-use-lazy",
+                         "--l2-adapter", json.dumps(spec)])
+    config.l1_manager_config.memory_config.shm_name = ""  # no POSIX shm segment in tests
+    manager = StorageManager(config)
+    try:
+        ((_, adapter),) = manager.l2_adapters()
+        assert isinstance(adapter, KvtierL2Adapter)
+        keys = [okey(i, salt="s1") for i in range(6)]
+        reserved = manager.reserve_write(keys, LAYOUT)
+        assert list(reserved) == keys
+        data = dict(zip(keys, fill([reserved[k] for k in keys], seed=14)))
+        manager.finish_write(keys)
+        kv = [kvtier_key(k) for k in keys]
+        deadline = time.monotonic() + WAIT_S
+        while None in adapter.chain.lookup(kv) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        adapter.chain.flush()
+        assert None not in adapter.chain.lookup(kv)  # RAM holds the last few, fs all
+        assert manager.delete_l1_keys(keys, force=True) == (6, 0)
+        wanted = [*keys, okey(99, salt="s1")]  # a chunk nobody stored ends the prefix
+        handle = manager.submit_prefetch_task(PrefetchTaskSpec(key_groups=[
+            GroupedObjectKeys(keys=wanted, object_group_id=0, layout_desc=LAYOUT)]))
+        assert manager.wait_prefetch_status(handle, WAIT_S)
+        result = manager.query_prefetch_status(handle)
+        assert result is not None
+        hits = result.l2_hit_cells[0]
+        assert [hits.test(i) for i in range(7)] == [True] * 6 + [False]
+        with manager.read_prefetched_results(keys, result.l1_owners) as objs:
+            assert objs is not None
+            assert [bytes(o.byte_array) for o in objs] == [data[k] for k in keys]
+        status = adapter.report_status()
+        assert status["pinned_keys"] == 0 and status["copied_bytes"] == 0  # LMCache unlocked
+        assert status["load_hits"] == 6 and status["store_failures"] == 0
+    finally:
+        manager.close()
