@@ -561,3 +561,84 @@ def test_lmcache_storage_manager_stores_and_prefetches_through_kvtier(tmp_path: 
         assert status["load_hits"] == 6 and status["store_failures"] == 0
     finally:
         manager.close()
+
+
+# --- LMCache's multiprocess server, run for real on the CPU ---------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _lmcache_server(tmp_path: Path, spec: dict[str, Any]) -> Any:
+    """``lmcache server`` (MP mode, CPU) on loopback, telemetry off, with one --l2-adapter."""
+    import subprocess
+    import sys
+
+    from server_process import ServerProcess
+
+    class LMCacheServer(ServerProcess):
+        def __init__(self) -> None:
+            self.log_path = tmp_path / "lmcache-server.log"
+            self.http = f"http://127.0.0.1:{_free_port()}"
+
+        def start(self) -> None:
+            command = [
+                str(Path(sys.executable).with_name("lmcache")), "server",
+                "--host", "127.0.0.1", "--port", str(_free_port()),
+                "--http-host", "127.0.0.1", "--http-port", self.http.rsplit(":", 1)[1],
+                "--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--no-l1-use-lazy",
+                "--disable-observability", "--l2-adapter", json.dumps(spec),
+            ]
+            env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "LMCACHE_DISABLE_BANNER": "1"}
+            with open(self.log_path, "wb") as log:
+                self._track(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                             env=env, cwd=tmp_path))
+
+    return LMCacheServer()
+
+
+def _get_json(url: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_lmcache_mp_server_runs_with_the_adapter_on_cpu(tmp_path: Path) -> None:
+    server = _lmcache_server(tmp_path, l2_adapter_spec(host_fs(tmp_path)))
+    server.start()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.running, server.log_path.read_text()[-3000:]
+            try:
+                if _get_json(f"{server.http}/healthcheck") == {"status": "healthy"}:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "lmcache server did not come up"
+            time.sleep(0.5)
+        status = _get_json(f"{server.http}/status")
+        (l2,) = status["storage_manager"]["l2_adapters"]
+        assert l2["type"] == "KvtierL2Adapter" and l2["is_healthy"]
+        assert [t["name"] for t in l2["tiers"]] == ["ram", "disk"]
+        assert status["storage_manager"]["store_controllers"]["_default"]["num_l2_adapters"] == 1
+    finally:
+        server.stop()
+
+
+def test_lmcache_mp_server_refuses_a_bad_chain_at_start_up(tmp_path: Path) -> None:
+    good = host_fs(tmp_path)
+    spec = l2_adapter_spec(good)
+    Path(good).write_text("chain:\n  - {name: ram, backend: host, capacity: -5}\n")
+    server = _lmcache_server(tmp_path, spec)
+    server.start()
+    try:
+        assert server._proc.wait(120) != 0
+        log = server.log_path.read_text()
+        assert "tiers.yaml:2" in log and "capacity" in log
+    finally:
+        server.stop()
