@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.config import ChainConfig, load_config
+from kvtier.config.units import parse_size
 from kvtier.spec import KvtierError
-from kvtier.units import parse_size
 
 __all__ = ["LOCK_COPIES", "AdapterSettings"]
 
