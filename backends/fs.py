@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
@@ -33,10 +33,20 @@ from kvtier.spec import (
     ConfigError,
     KvtierError,
     Option,
+    ScanEntry,
     hookimpl,
 )
 
-from ._fslayout import DIRECT_MIN, Entry, LocalStore, Store, open_store, run_batch
+from ._fslayout import (
+    DIRECT_MIN,
+    Entry,
+    LocalStore,
+    RemoteStore,
+    Store,
+    open_store,
+    run_batch,
+)
+from ._fsscan import scan_local, scan_remote
 
 __all__ = ["FsBackend"]
 
@@ -560,6 +570,35 @@ class FsBackend:
             out.append(first[key])
             first[key] = False  # a repeated key was removed by its first mention
         return out
+
+    # operators ------------------------------------------------------------
+    @hookimpl
+    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        with self._lock:
+            self._check_open()
+        if namespace is not None and not _NAMESPACE_RE.match(namespace):
+            raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
+                              key="namespace")
+        store = self._store
+        root = store.nsroot.rsplit("/", 1)[0]  # the namespaces' parent: the tier's URL
+
+        def check() -> None:
+            with self._lock:
+                self._check_open()
+
+        if isinstance(store, RemoteStore):
+            batches = scan_remote(store.fs, root, namespace, check)
+        else:
+            batches = scan_local(root, namespace, check)
+        return self._faults_as_backend_errors(batches)
+
+    def _faults_as_backend_errors(
+        self, batches: Iterator[list[ScanEntry]]
+    ) -> Iterator[list[ScanEntry]]:
+        try:
+            yield from batches
+        except BaseException as exc:
+            self._raise(exc, "scan")
 
     # testing --------------------------------------------------------------
     @hookimpl

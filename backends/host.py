@@ -45,7 +45,7 @@ import os
 import platform
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 from kvtier.config.units import parse_size
@@ -56,6 +56,7 @@ from kvtier.spec import (
     ConfigError,
     KvtierError,
     Option,
+    ScanEntry,
     hookimpl,
 )
 
@@ -74,6 +75,8 @@ _OPTIONS: Mapping[str, Option] = {
 
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
 _B = TypeVar("_B")
+#: Entries per kvtier_scan batch.
+_SCAN_BATCH = 1024
 
 
 class _Accounting:
@@ -104,6 +107,9 @@ class _Lru(_Accounting):
 
     def peek(self, key: bytes) -> bytes | None:
         return self._blocks.get(key)
+
+    def sizes(self) -> list[tuple[bytes, int]]:
+        return [(key, len(data)) for key, data in self._blocks.items()]
 
     def holds(self, keys: Sequence[bytes]) -> list[bool]:
         blocks = self._blocks  # `in` on the dict: no method call per key
@@ -178,6 +184,10 @@ class _Arc(_Accounting):
     def peek(self, key: bytes) -> bytes | None:
         data = self._t1.get(key)
         return data if data is not None else self._t2.get(key)
+
+    def sizes(self) -> list[tuple[bytes, int]]:
+        held = [*self._t1.items(), *self._t2.items()]
+        return [(key, len(data)) for key, data in held]
 
     def holds(self, keys: Sequence[bytes]) -> list[bool]:
         t1, t2 = self._t1, self._t2
@@ -363,6 +373,7 @@ class HostBackend:
         self._eviction = "lru"
         self._max_block_size: int | None = None
         self._limit = 0  # largest block admitted: min(capacity, max_block_size)
+        self._namespace = ""
 
     # lifecycle -------------------------------------------------------------
     @hookimpl
@@ -372,8 +383,7 @@ class HostBackend:
     @hookimpl
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
         # One instance serves one tier and one namespace, so RAM needs no
-        # layout by namespace; it is accepted for the contract only.
-        del namespace
+        # layout by namespace; it is kept only for kvtier_scan.
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
             known = ", ".join(_OPTIONS)
@@ -396,6 +406,7 @@ class HostBackend:
             self._policy = _POLICIES[eviction](capacity)
             _tune_malloc(capacity)
             self._eviction = eviction
+            self._namespace = namespace
             self._max_block_size = max_block_size
             self._limit = capacity if max_block_size is None else min(capacity, max_block_size)
 
@@ -499,6 +510,18 @@ class HostBackend:
             policy.rewrite(key, bytes(transform(old)))
             policy.shed([])
             return True
+
+    @hookimpl
+    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        # RAM holds one namespace, its own.  Key and size are copied under the
+        # lock once (a dict walk, no block bytes); batches are cut from that copy.
+        with self._lock:
+            held = self._live().sizes() if namespace in (None, self._namespace) else []
+        own = self._namespace
+        return iter([
+            [ScanEntry(own, key, size) for key, size in held[start : start + _SCAN_BATCH]]
+            for start in range(0, len(held), _SCAN_BATCH)
+        ])
 
     # internals -------------------------------------------------------------
     def _live(self) -> _Policy:

@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,6 +44,7 @@ from kvtier.spec import (
     ClosedError,
     ConfigError,
     Option,
+    ScanEntry,
     hookimpl,
 )
 
@@ -155,6 +156,7 @@ class ObjectBackend:
         self._where = self._bucket = self._endpoint = ""
         self._secrets: tuple[str, ...] = ()
         self._root = ""
+        self._prefix = ""  # the option, without slashes: the namespaces' parent
         self._ttl = 2.0
         self._capacity: int | None = None
         self._max_age: float | None = None
@@ -189,6 +191,7 @@ class ObjectBackend:
         opts = _parse(options)
         bucket, endpoint, prefix = opts["bucket"], opts["endpoint"], opts["prefix"].strip("/")
         self._root = f"{prefix}/{namespace}" if prefix else namespace
+        self._prefix = prefix
         self._bucket, self._endpoint = bucket, endpoint or f"AWS S3 ({opts['region']})"
         self._where = f"s3://{bucket}/{prefix} at {self._endpoint}"
         self._secrets = tuple(s for s in (opts["secret_access_key"],) if s)
@@ -452,6 +455,37 @@ class ObjectBackend:
         except Exception as exc:
             raise self._fault(exc, "tamper") from exc
         return True
+
+    # operators --------------------------------------------------------------
+    @hookimpl
+    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        store = self._live_store()
+        if namespace is not None and not _NAMESPACE_RE.match(namespace):
+            raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
+                              key="namespace")
+        return self._scan(store, namespace)
+
+    def _scan(self, store: S3Store, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        """One paged LIST (1000 objects a page, S3's most); a batch per page."""
+        base = f"{self._prefix}/" if self._prefix else ""
+        listed = base if namespace is None else f"{base}{namespace}/"
+        try:
+            for chunk in obstore.list(store, listed or None, chunk_size=1000):
+                self._check_open()
+                batch = []
+                for meta in chunk:
+                    rel = meta["path"][len(base):].split("/")
+                    # only names this backend writes: <namespace>/<hex[0:2]>/<hex>
+                    if (len(rel) == 3 and _NAMESPACE_RE.match(rel[0]) and _NAME_RE.match(rel[2])
+                            and rel[1] == rel[2][:2]):
+                        batch.append(ScanEntry(rel[0], bytes.fromhex(rel[2]), int(meta["size"]),
+                                               meta["last_modified"].timestamp()))
+                if batch:
+                    yield batch
+        except ClosedError:
+            raise
+        except Exception as exc:
+            raise self._fault(exc, "scan") from exc
 
     # capacity and age -------------------------------------------------------
     def _maybe_cleanup(self) -> None:

@@ -29,6 +29,12 @@ peer's connections (written back to back), and because the server answers a
 connection's requests in order, the thread whose reply is next on the wire
 reads it itself, straight into its destination (``recv_into`` into the
 caller's buffers in ``kvtier_get_into``).
+
+``kvtier_scan`` is not implemented: the blocks live in the serving nodes'
+own chains, which may span several tiers per node (RAM, disk, a bucket), so
+a listing through this client could neither say which tier holds a block nor
+repair or purge it there.  Operators run ``kvtier inspect``, ``scrub`` and
+``purge`` on each serving node, against the chain file ``kvtier serve`` uses.
 """
 
 from __future__ import annotations
@@ -381,6 +387,8 @@ class PeerBackend:
 
     @hookimpl
     def kvtier_capabilities(self) -> Capabilities:
+        if self._state == "closed":
+            raise ClosedError("peer backend is closed")
         # persistence is the server's business, which this client cannot promise
         return Capabilities(persistent=False, shared=True, thread_safe=True,
                             reports_evictions=False, max_block_size=self._max_payload,
@@ -388,6 +396,8 @@ class PeerBackend:
 
     @hookimpl
     def kvtier_stats(self) -> Mapping[str, int | float]:
+        if self._state == "closed":
+            raise ClosedError("peer backend is closed")
         with self._lock:
             out: dict[str, int | float] = dict(self._counts)
         out["peers"] = len(self._peers)

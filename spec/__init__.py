@@ -29,7 +29,7 @@ from .hookspecs import (
     hookimpl,
     hookspec,
 )
-from .types import Capabilities, Option, OptionType
+from .types import Capabilities, Option, OptionType, ScanEntry
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -49,6 +49,7 @@ __all__ = [
     "PluginError",
     "ProtocolError",
     "RefusedError",
+    "ScanEntry",
     "VersionMismatchError",
     "hookimpl",
     "hookspec",

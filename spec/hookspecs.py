@@ -19,12 +19,27 @@ Conventions that hold for every data hook:
   :class:`~kvtier.spec.BackendError` or any ``OSError``.  The chain marks the
   tier unhealthy for a while and serves its operations as misses.
 * Blocks are **immutable per key**: storing a key that is already stored may
-  be skipped, and the answer is still ``True``.
+  be skipped, and the answer is still ``True``; the stored bytes stay.  Within
+  one batch, the **first** occurrence of a repeated key is the one stored and
+  every later one answers ``True`` without storing (kvtier never sends
+  different bytes under one key on purpose: keys name content).  Across
+  instances sharing a store (``shared=True``), either writer's copy may be the
+  survivor, but a reader always sees one whole copy.
+* **Capacity** (``Capabilities.capacity``, ``capacity_bytes``) counts the
+  blocks of the namespace the instance was opened with: one instance serves
+  one namespace, so a store holding N namespaces may hold up to N times the
+  capacity.  Bytes are counted as stored (the framed block, header included).
+* **Recency**: ``kvtier_get``, ``kvtier_get_into`` and a ``kvtier_put`` of a
+  key already stored count as uses for a backend that evicts by recency;
+  ``kvtier_lookup`` and ``kvtier_scan`` do not (the chain probes every tier
+  with lookups, and an operator's scan must not reorder the cache).
 * **Thread safety**: if :attr:`Capabilities.thread_safe` is true, any hook may
   be called from several threads at once; otherwise kvtier serialises calls.
-* After ``kvtier_close`` every hook except ``kvtier_close`` and
+* After ``kvtier_close`` every hook except ``kvtier_close`` (idempotent) and
   ``kvtier_options`` (pure introspection) raises
-  :class:`~kvtier.spec.ClosedError`.
+  :class:`~kvtier.spec.ClosedError`.  ``kvtier_capabilities`` on an instance
+  that was never opened is no exception to this: it answers for the default
+  options (see there); after close it raises.
 
 Four hooks are required (:data:`REQUIRED_HOOKS`): ``kvtier_put``,
 ``kvtier_get``, ``kvtier_lookup`` and ``kvtier_evict``.  Every other hook is
@@ -37,19 +52,21 @@ backend implements the four required hooks only, storing and returning
 
 Every hook that answers is a pluggy *first-result* hook: the first non-None
 answer is the answer, so one backend instance answers each call alone.
+``kvtier_scan`` (contract 1.1) lets operators' tools (``kvtier inspect``,
+``scrub``, ``purge``) list what a store holds.
 """
 
 # mypy: disable-error-code="empty-body"
 # Hook specs are signatures and docstrings only; pluggy never calls them.
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
-    from .types import Capabilities, Option
+    from .types import Capabilities, Option, ScanEntry
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -62,7 +79,8 @@ __all__ = [
 
 #: Version of this contract, ``"MAJOR.MINOR"``.  A new optional hook bumps the
 #: minor number; a changed signature or meaning bumps the major number.
-CONTRACT_VERSION = "1.0"
+#: 1.1 added ``kvtier_scan``.
+CONTRACT_VERSION = "1.1"
 
 #: The hooks every backend implements; the others are optional.
 REQUIRED_HOOKS = ("kvtier_put", "kvtier_get", "kvtier_lookup", "kvtier_evict")
@@ -105,8 +123,9 @@ def kvtier_put(
         already was), ``False`` if it was refused (larger than the capacity
         or ``max_block_size``).  A refused block is not an error.
 
-    A reader must never see a partial block: publish atomically.
-
+    A reader must never see a partial block: publish atomically.  A key
+    already stored keeps its bytes, and a key repeated in the batch stores
+    its first occurrence (see the conventions above).
     """
 
 
@@ -118,7 +137,6 @@ def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
     :return: per key, the block exactly as stored (a bytes-like object the
         caller may keep and the backend must never modify afterwards), or
         ``None`` for a miss.
-
     """
 
 
@@ -129,8 +147,8 @@ def kvtier_lookup(keys: Sequence[bytes]) -> Sequence[bool]:
     :param keys: the keys, see the conventions above.
     :return: per key, ``True`` if a ``kvtier_get`` issued now would hit.  A
         backend may answer from a short-lived cache; ``kvtier_get`` remains
-        the authority (a stale ``True`` becomes a miss there).
-
+        the authority (a stale ``True`` becomes a miss there).  A lookup is
+        not a use: it must not refresh a block's recency.
     """
 
 
@@ -142,7 +160,6 @@ def kvtier_evict(keys: Sequence[bytes]) -> Sequence[bool]:
     :return: per key, ``True`` if a block was removed by this call, ``False``
         if the key was not stored (which is harmless).  Evicted blocks are
         not reported through ``evicted``: the caller asked for their removal.
-
     """
 
 
@@ -161,7 +178,6 @@ def kvtier_options() -> Mapping[str, Option] | None:
     :return: a mapping from option name to :class:`~kvtier.spec.Option`.
         kvtier rejects any other key in the tier entry, fills defaults, and
         parses sizes and durations before ``kvtier_open`` sees them.
-
     """
 
 
@@ -194,7 +210,6 @@ def kvtier_capabilities() -> Capabilities:
     what the backend can do: answer for its default options then, without I/O.
 
     :return: a :class:`~kvtier.spec.Capabilities`.
-
     """
 
 
@@ -204,11 +219,14 @@ def kvtier_stats() -> Mapping[str, int | float] | None:
 
     kvtier counts hits, misses, bytes and latency itself; this hook adds what
     only the backend knows.  Use these names where they apply:
-    ``used_bytes`` (bytes held, as counted against capacity), ``blocks``
-    (number of blocks held), ``capacity_bytes``, ``evictions``.
+    ``used_bytes`` (bytes held in this namespace, as counted against
+    capacity), ``blocks`` (number of blocks held), ``capacity_bytes`` (the
+    capacity, equal to ``Capabilities.capacity``; **leave it out** when the
+    store is unbounded, never report 0 or a large sentinel), ``evictions``.
+    A backend that cannot count cheaply (an object store without an index)
+    leaves ``used_bytes`` and ``blocks`` out rather than guessing.
 
     :return: a flat mapping of names to numbers.
-
     """
 
 
@@ -219,6 +237,14 @@ def kvtier_close() -> None:
     Idempotent: a second call does nothing.  A persistent backend must have
     made every block it answered ``True`` for in ``kvtier_put`` visible to a
     later ``kvtier_open`` with the same options.
+
+    ``persistent=True`` promises more than a clean close: a block whose put
+    answered ``True`` is already in the store, not in this process, so it
+    survives the process being killed (``SIGKILL``) right after the answer,
+    and a later open finds it exact.  A block whose put was still running is
+    absent or exact, never partial.  Power loss and a restart of a server are
+    the store's own durability (the ``fs`` backend's ``fsync: true``, Redis'
+    persistence settings), which the contract does not promise.
     """
 
 
@@ -245,7 +271,6 @@ def kvtier_put_parts(
         valid only during the call.
     :param evicted: as in ``kvtier_put``.
     :return: as in ``kvtier_put``.
-
     """
 
 
@@ -263,7 +288,6 @@ def kvtier_get_into(
         block has been written across them in order; when it differs the
         buffers' content is unspecified and kvtier falls back to
         ``kvtier_get`` for that key.
-
     """
 
 
@@ -285,5 +309,41 @@ def kvtier_tamper(key: bytes, transform: Callable[[bytes], bytes]) -> bool | Non
     :return: ``True`` if the key was stored and has been rewritten, ``False``
         if it was not stored.  Backends without it skip the kit's corruption
         group.
+    """
 
+
+# -------------------------------------------------------------------------
+# optional: for operators (contract 1.1)
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kvtier_scan(namespace: str | None) -> Iterator[Sequence[ScanEntry]]:
+    """List what the store holds, in batches.
+
+    :param namespace: a 32-hex-digit namespace to list the blocks of (any
+        namespace of the store, not only the one this instance was opened
+        with), or ``None`` for every namespace the store holds.  A store
+        shared by several namespaces (a directory, a bucket prefix, a Redis
+        key prefix) lists all of them; one that only holds its own (RAM)
+        lists that one.
+    :return: an iterator of batches (sequences, of any length from 1),
+        each of :class:`~kvtier.spec.ScanEntry` or plain tuples
+        ``(namespace, key, size, mtime)``: the namespace hex, the key,
+        ``size`` the stored bytes of the block (what ``kvtier_get`` would
+        return, the framed block with its header), ``mtime`` when the block
+        was stored, in seconds since the epoch, or ``None`` where the store
+        does not know.  Only blocks: a backend's own bookkeeping (indexes,
+        counters, temporary files) is never listed.
+
+    The call itself checks that the instance is open (``ClosedError``
+    otherwise, raised by the call, not at the first batch) and may raise a
+    fault; the iterator may raise faults too, and ``ClosedError`` if the
+    instance is closed while it is read.  A scan is not a snapshot: blocks
+    stored or removed meanwhile may or may not be listed, a block present
+    throughout is listed at least once (a store that may list one twice,
+    such as Redis' ``SCAN``, says so: callers count distinct keys).  A scan
+    is not a use (see recency above) and must not hold a lock that stops the
+    data path for longer than one batch.  Backends without it make
+    ``kvtier inspect``, ``scrub`` and ``purge`` refuse the tier.
     """

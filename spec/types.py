@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-__all__ = ["Capabilities", "Option", "OptionType"]
+__all__ = ["Capabilities", "Option", "OptionType", "ScanEntry"]
 
 OptionType = Literal["str", "int", "float", "bool", "size", "duration", "list", "map"]
 
@@ -19,20 +19,32 @@ class Capabilities:
     only the test groups a backend declares (and checks that it keeps them).
     """
 
-    #: Blocks survive ``close()`` and a reopen with the same options.
+    #: Blocks survive ``close()`` and a reopen with the same options, and a
+    #: block whose put answered ``True`` survives the writer being killed
+    #: (``SIGKILL``) right after; see ``kvtier_close`` in the hookspecs.
     persistent: bool = False
-    #: Several processes (or nodes) opening the same options see one store.
+    #: Several instances (processes, nodes) opening the same options and
+    #: namespace see one store: a block one stores is a hit for another's
+    #: get (its lookup may lag by a short-lived cache), an evict by one is
+    #: seen by all, and any capacity is enforced for all of them together.
+    #: kvtier treats a tier that is persistent or shared as outside this
+    #: process (its reads are not split into cache-sized calls), and the kit
+    #: checks nothing more for it yet.
     shared: bool = False
     #: Hooks may be called from several threads at once.
     thread_safe: bool = True
     #: Largest block accepted, in bytes; ``None`` for no limit of its own.
     max_block_size: int | None = None
-    #: Byte capacity the backend enforces, ``None`` for unbounded.
+    #: Byte capacity the backend enforces, per namespace (one instance serves
+    #: one namespace), ``None`` for unbounded.
     capacity: int | None = None
     #: Blocks that capacity pushes out are reported through ``evicted`` in
     #: ``kvtier_put`` (required for a tier below to use ``write: back``).
     reports_evictions: bool = False
-    #: Free-form extras shown by ``kvtier backends`` (e.g. ``{"eviction": "arc"}``).
+    #: Free-form facts for people, shown by ``kvtier backends`` as
+    #: ``key=value``; kvtier and the kit never act on them.  Keep keys short
+    #: and values plain (str, int, float, bool).  Names in use:
+    #: ``eviction`` (``lru``, ``arc``, ``age``), ``capacity_scope``.
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -40,9 +52,31 @@ class Capabilities:
 class Option:
     """One option a backend accepts in its YAML tier entry.
 
-    ``type`` drives validation and parsing: ``size`` accepts ``8GiB``-style
-    strings or integers, ``duration`` accepts ``250ms``/``2s``/``1m`` or
-    seconds.  ``check`` may raise ``ValueError`` with a short reason.
+    ``type`` drives validation and parsing; the backend's ``kvtier_open``
+    receives the parsed value:
+
+    ============  ==========================================  ===============
+    type          the YAML value                              the backend gets
+    ============  ==========================================  ===============
+    ``str``       a string                                    ``str``
+    ``int``       an integer (or ``${VAR}`` of digits)         ``int``
+    ``float``     a number                                    ``float``
+    ``bool``      true/false (``${VAR}``: yes/no/on/off/1/0)  ``bool``
+    ``size``      ``8GiB``, ``500MB``, ``4096``                ``int`` bytes
+    ``duration``  ``250ms``, ``2s``, ``1m``, or seconds        ``float`` seconds
+    ``list``      a list                                      ``list``
+    ``map``       a mapping                                   ``dict``
+    ============  ==========================================  ===============
+
+    ``help`` is one line shown by ``kvtier backends`` and in errors.
+    ``default`` fills an unset option, converted by ``type`` but not passed
+    to ``choices`` or ``check`` (``None``: the backend gets ``None``).
+    ``required`` makes an unset option an error.
+    ``choices`` lists the allowed parsed values.  ``check`` is called with
+    the parsed value after ``choices`` and may raise ``ValueError`` with a
+    short reason, which the error names with file, line and key.  ``secret``
+    hides the value everywhere kvtier prints it (errors, ``config explain``,
+    conformance reports show ``***``).
     """
 
     type: OptionType
@@ -53,3 +87,16 @@ class Option:
     check: Callable[[Any], None] | None = None
     #: Never printed in full (credentials, secrets).
     secret: bool = False
+
+
+class ScanEntry(NamedTuple):
+    """One block listed by ``kvtier_scan``; a plain 4-tuple will do as well."""
+
+    #: The block's namespace, 32 lowercase hex digits.
+    namespace: str
+    #: The block's key.
+    key: bytes
+    #: Stored bytes of the block (what ``kvtier_get`` returns, header included).
+    size: int
+    #: When it was stored, seconds since the epoch; ``None`` if the store does not know.
+    mtime: float | None = None

@@ -31,6 +31,7 @@ from typing import Any, Literal, SupportsIndex
 
 from kvtier.block import framing
 from kvtier.block.namespace import Namespace
+from kvtier.chain import catalog
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
@@ -159,6 +160,9 @@ class Chain:
                 tier = Tier(tier_config, registry.create(tier_config.backend), namespace)
                 tier.open()
                 self.tiers.append(tier)
+                if tier.capabilities.persistent:
+                    # so that operators' tools can say which model a namespace is
+                    catalog.record(tier_config, registry, namespace)
         except BaseException:
             for tier in self.tiers:
                 tier.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.block import framing
@@ -19,7 +19,14 @@ from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.observe.stats import TierStats
 from kvtier.plugins.registry import BackendHandle
-from kvtier.spec import BytesLike, Capabilities, ClosedError, ContractError, CorruptBlockError
+from kvtier.spec import (
+    BytesLike,
+    Capabilities,
+    ClosedError,
+    ContractError,
+    CorruptBlockError,
+    ScanEntry,
+)
 
 if TYPE_CHECKING:
     from kvtier.config.loader import TierConfig
@@ -376,6 +383,17 @@ class Tier:
             return []
         result = self._call("evict", lambda: self.handle.evict(keys), len(keys))
         return [False] * len(keys) if result is None else [bool(r) for r in result]
+
+    def scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        """Batches of the blocks the store holds in ``namespace`` (``None``: every one).
+
+        For operators' tools, off the data path: faults are raised, not
+        turned into misses, and nothing is counted.  A backend without
+        ``kvtier_scan`` raises :class:`~kvtier.spec.PluginError`.
+        """
+        if self._closed:
+            raise ClosedError(f"tier {self.name!r} is closed")
+        return self.handle.scan(namespace)
 
     def snapshot(self) -> dict[str, Any]:
         """Counters, latency, health and the backend's own figures."""

@@ -118,13 +118,16 @@ def _attach_commands() -> None:
     # these modules import their heavy dependencies (pytest, vLLM) only when run
     from kvtier.bench.cli import bench_command
     from kvtier.cli.conformance import conformance_command
-    from kvtier.contrib.sglang import sglang_args_command
+    from kvtier.cli.operate_commands import inspect_command, purge_command, scrub_command
     from kvtier.contrib.lmcache import lmcache_args_command
+    from kvtier.contrib.sglang import sglang_args_command
     from kvtier.contrib.vllm import vllm_args_command
     from kvtier.peer.server import serve_command
 
     cli.add_command(bench_command)
     cli.add_command(conformance_command)
+    for operator_command in (inspect_command, scrub_command, purge_command):
+        cli.add_command(operator_command)
     cli.add_command(serve_command)
     cli.add_command(sglang_args_command)
     cli.add_command(vllm_args_command)

@@ -24,8 +24,8 @@ _SIZE_UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)\s*$")
 
 
 def parse_size(value: object) -> int:
@@ -51,7 +51,7 @@ def parse_size(value: object) -> int:
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from a number or a string like ``250ms``, ``2s``, ``1m``, ``1h``."""
+    """Seconds from a number or a string like ``250ms``, ``2s``, ``1m``, ``1h``, ``7d``."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 250ms or 2s, got {value!r}")
     if isinstance(value, (int, float)):

@@ -17,13 +17,21 @@ import difflib
 import importlib.metadata
 import os
 import threading
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from kvtier.spec import BytesLike, Capabilities, Option, PluginError, hookspecs
+from kvtier.spec import (
+    BytesLike,
+    Capabilities,
+    ContractError,
+    Option,
+    PluginError,
+    ScanEntry,
+    hookspecs,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -159,6 +167,47 @@ class BackendHandle:
         if not self.implements("kvtier_tamper"):
             raise PluginError(f"backend {_label(self.info)} does not implement kvtier_tamper")
         return bool(self._hook.kvtier_tamper(key=key, transform=transform))
+
+
+    def scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        """Batches of what the store holds (``kvtier_scan``), checked for shape.
+
+        Raises :class:`PluginError` if the backend does not implement the hook.
+        """
+        if not self.implements("kvtier_scan"):
+            raise PluginError(
+                f"backend {_label(self.info)} does not implement kvtier_scan (contract 1.1): "
+                "it cannot list what it holds"
+            )
+        batches = self._hook.kvtier_scan(namespace=namespace)
+        if batches is None:
+            raise ContractError(f"backend {_label(self.info)}: kvtier_scan returned None")
+        return _checked_scan(batches, _label(self.info))
+
+
+def _checked_scan(batches: object, label: str) -> Iterator[list[ScanEntry]]:
+    try:
+        iterator = iter(batches)  # type: ignore[call-overload]
+    except TypeError:
+        raise ContractError(f"backend {label}: kvtier_scan returned a "
+                            f"{type(batches).__name__}, not an iterator of batches") from None
+    for batch in iterator:
+        out: list[ScanEntry] = []
+        for item in batch:
+            try:
+                namespace, key, size, mtime = item
+            except (TypeError, ValueError):
+                raise ContractError(f"backend {label}: kvtier_scan entry {item!r} is not "
+                                    "(namespace, key, size, mtime)") from None
+            if (type(namespace) is not str or not isinstance(key, bytes)
+                    or type(size) is not int or size < 0
+                    or not (mtime is None or isinstance(mtime, int | float))):
+                raise ContractError(f"backend {label}: kvtier_scan entry {item!r} has "
+                                    "wrong types")
+            out.append(ScanEntry(namespace, bytes(key), size,
+                                 None if mtime is None else float(mtime)))
+        if out:
+            yield out
 
 
 def _label(info: BackendInfo) -> str:

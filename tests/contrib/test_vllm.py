@@ -34,6 +34,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from kvtier.chain.catalog import CATALOG_HEX
 from kvtier.spec import BackendError, ConfigError, hookimpl
 
 SUPPORT = Path(__file__).parents[1] / "support"
@@ -702,9 +703,14 @@ def test_instance_stores_prompts_in_the_chain(stored: Stored,
 
 
 def damage_blocks(root: Path) -> int:
-    """Flip one payload byte in every stored block file; how many were changed."""
+    """Flip one payload byte in every stored KV block file; how many were changed.
+
+    The namespace descriptors of :mod:`kvtier.chain.catalog` are left alone: not KV.
+    """
     count = 0
     for path in root.rglob("*.kvb"):
+        if CATALOG_HEX in path.parts:
+            continue
         data = bytearray(path.read_bytes())
         data[len(data) - 100] ^= 0xFF
         path.write_bytes(bytes(data))

@@ -22,6 +22,7 @@ import msgpack
 import kvtier
 import kvtier.chain.tier as tier_module
 from kvtier.block import framing
+from kvtier.chain.catalog import CATALOG_HEX
 from kvtier.spec import CorruptBlockError
 from kvtier.testing.data import block_for
 
@@ -33,8 +34,8 @@ def files_on_disk(root: Path) -> tuple[int, int, int]:
     """(temporary files, whole checked blocks, damaged blocks) under ``root``."""
     tmp = whole = damaged = 0
     for path in root.rglob("*"):
-        if not path.is_file():
-            continue
+        if not path.is_file() or CATALOG_HEX in path.parts:
+            continue  # the namespace's descriptor (kvtier.chain.catalog) is no KV block
         if path.name.startswith(".tmp-"):
             tmp += 1
             continue

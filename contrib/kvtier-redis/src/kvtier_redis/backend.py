@@ -26,6 +26,7 @@ instead: the namespace split into hash-tagged shards on a Redis Cluster.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
@@ -46,6 +47,7 @@ from kvtier.spec import (
     ConfigError,
     KvtierError,
     Option,
+    ScanEntry,
     hookimpl,
 )
 
@@ -61,6 +63,9 @@ REDIS_MAX_STRING = 512 * 1024 * 1024
 #: Blocks per put script at most: a script blocks the server while it runs.
 _MAX_KEYS_PER_SCRIPT = 1024
 _SCHEMES = ("redis", "rediss", "unix")
+#: Keys a SCAN call asks Redis to look at (a hint: it may answer more or fewer).
+_SCAN_COUNT = 1000
+_NAMESPACE_RE = re.compile(rb"^[0-9a-f]{32}$")
 
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
 
@@ -472,6 +477,55 @@ class RedisBackend:
         (done,) = self._run(conn, [("SET", data_key, bytes(transform(old)), "XX")])
         return bool(done)
 
+    # operators -------------------------------------------------------------
+    @hookimpl
+    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        """Blocks under ``<prefix>:<namespace>:b:``, by ``SCAN`` and one ``STRLEN`` pipeline a page.
+
+        ``SCAN`` never blocks the server for long, and lists a key present
+        throughout at least once, but may list it twice (during a rehash):
+        callers count distinct keys, as the contract says.  Redis keeps no
+        time of writing, so ``mtime`` is ``None``.
+        """
+        conn = self._live()
+        if namespace is not None and not _NAMESPACE_RE.match(namespace.encode()):
+            raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
+                              key="namespace")
+        return self._scan(conn, namespace)
+
+    def _scan(self, conn: _Conn, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        head = f"{conn.settings.prefix}:".encode()
+        pattern = _glob_escape(head) + (b"?" * 32 if namespace is None else namespace.encode())
+        pattern += b":b:*"
+        cursor = 0
+        while True:
+            self._live()
+            with self._faults(conn.where, "scan"):
+                cursor, names = conn.client.scan(cursor=cursor, match=pattern, count=_SCAN_COUNT)
+            found: list[tuple[str, bytes, bytes]] = []
+            for name in names:
+                if not isinstance(name, bytes):
+                    continue  # never: replies are not decoded
+                ns, sep, key = name[len(head):].partition(b":b:")
+                if sep and key and _NAMESPACE_RE.match(ns):
+                    found.append((ns.decode(), key, name))
+            if found:
+                sizes = self._run(conn, [("STRLEN", name) for _, _, name in found])
+                # STRLEN answers 0 for a key deleted since SCAN saw it, and for an
+                # empty block: only EXISTS tells them apart, and only those need it
+                empty = [i for i, size in enumerate(sizes) if not size]
+                gone = set()
+                if empty:
+                    there = self._run(conn, [("EXISTS", found[i][2]) for i in empty])
+                    gone = {i for i, flag in zip(empty, there) if not flag}
+                batch = [ScanEntry(ns, key, int(size))
+                         for i, ((ns, key, _), size) in enumerate(zip(found, sizes))
+                         if i not in gone]
+                if batch:
+                    yield batch
+            if int(cursor) == 0:
+                return
+
     # internals -------------------------------------------------------------
     def _connect(self, settings: _Settings, namespace: str) -> _Conn | ClusterStore:
         where = redact(settings.url)
@@ -573,6 +627,11 @@ class RedisBackend:
         finally:
             pipe.reset()
         return answers
+
+
+def _glob_escape(text: bytes) -> bytes:
+    """``text`` as a literal in a Redis ``MATCH`` pattern."""
+    return re.sub(rb"([*?\[\]\\])", rb"\\\1", text)
 
 
 def _ranges(total: int, step: int) -> Iterator[tuple[int, int]]:

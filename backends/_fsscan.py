@@ -1,0 +1,100 @@
+"""``kvtier_scan`` for the ``fs`` backend: list blocks of one namespace or all of them.
+
+Walks the layout of :mod:`kvtier.backends._fslayout`
+(``<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.kvb``) without touching
+anything: unlike the scan at open, temp files are neither listed nor removed,
+and files that are not blocks of this layout are left out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvtier.spec import ScanEntry
+
+from ._fslayout import _mtime, key_of_name
+
+__all__ = ["SCAN_BATCH", "scan_local", "scan_remote"]
+
+#: Entries per batch handed to the caller.
+SCAN_BATCH = 1024
+_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
+_FAN_RE = re.compile(r"^[0-9a-f]{2}$")
+
+
+def _dirs(path: str, pattern: re.Pattern[str]) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(
+                (e for e in it if pattern.match(e.name) and e.is_dir(follow_symlinks=False)),
+                key=lambda e: e.name,
+            )
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def scan_local(
+    root: str, namespace: str | None, check: Callable[[], None]
+) -> Iterator[list[ScanEntry]]:
+    """Blocks under a local ``root``; ``check`` runs before each batch (raises once closed)."""
+    spaces = [e.name for e in _dirs(root, _NAMESPACE_RE)] if namespace is None else [namespace]
+    batch: list[ScanEntry] = []
+    for ns in spaces:
+        for first in _dirs(os.path.join(root, ns), _FAN_RE):
+            for second in _dirs(first.path, _FAN_RE):
+                try:
+                    with os.scandir(second.path) as it:
+                        files = list(it)
+                except FileNotFoundError:
+                    continue
+                for f in files:
+                    key = key_of_name(first.name, second.name, f.name)
+                    if key is None or not f.is_file(follow_symlinks=False):
+                        continue
+                    try:
+                        st = f.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # evicted meanwhile
+                    batch.append(ScanEntry(ns, key, st.st_size, st.st_mtime))
+                if len(batch) >= SCAN_BATCH:
+                    check()
+                    yield batch
+                    batch = []
+    check()
+    if batch:
+        yield batch
+
+
+def scan_remote(
+    fs: Any, root: str, namespace: str | None, check: Callable[[], None]
+) -> Iterator[list[ScanEntry]]:
+    """Blocks under ``root`` of an fsspec filesystem, from one recursive listing."""
+    base = root if namespace is None else f"{root}/{namespace}"
+    try:
+        listing: dict[str, dict[str, Any]] = fs.find(base, detail=True)
+    except FileNotFoundError:
+        return
+    prefix = fs._strip_protocol(root).rstrip("/") + "/"
+    batch: list[ScanEntry] = []
+    for path in sorted(listing):
+        info = listing[path]
+        parts = (path[len(prefix):] if path.startswith(prefix) else path).split("/")
+        if len(parts) != 4 or not _NAMESPACE_RE.match(parts[0]):
+            continue
+        if info.get("type", "file") != "file":
+            continue
+        key = key_of_name(parts[1], parts[2], parts[3])
+        if key is None:
+            continue
+        mtime = _mtime(info)
+        batch.append(ScanEntry(parts[0], key, int(info.get("size") or 0), mtime or None))
+        if len(batch) >= SCAN_BATCH:
+            check()
+            yield batch
+            batch = []
+    check()
+    if batch:
+        yield batch

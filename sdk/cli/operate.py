@@ -1,0 +1,356 @@
+"""What operators' commands do to a chain's stores: list, verify, delete.
+
+``kvtier inspect``, ``kvtier scrub`` and ``kvtier purge`` (their command
+line is :mod:`kvtier.cli.operate_commands`) work on the stores a chain file names,
+outside any engine, through the contract alone: ``kvtier_scan`` lists what a
+store holds (every namespace of it), ``kvtier_get`` reads blocks and
+``kvtier_evict`` removes them, each through an instance opened on the
+block's own namespace.  Namespaces are described from the store's catalog
+(:mod:`kvtier.chain.catalog`); blocks are checked with the block format's own
+checks (:mod:`kvtier.block.framing`).
+
+A tier that is neither persistent nor shared (RAM) holds blocks only inside
+the process that runs the chain, so these commands skip it and say why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.block.framing import CODEC_ZSTD, decode_into, parse_header
+from kvtier.block.framing import check_payload as _check_payload
+from kvtier.block.namespace import Namespace
+from kvtier.chain.catalog import CATALOG_HEX, open_catalog, read_descriptors
+from kvtier.chain.tier import Tier
+from kvtier.config.loader import ChainConfig, TierConfig
+from kvtier.plugins.registry import BackendRegistry
+from kvtier.spec import ConfigError, CorruptBlockError, ScanEntry
+
+__all__ = [
+    "Corrupt",
+    "NamespaceSummary",
+    "OperatorStore",
+    "check_block",
+    "inspect_store",
+    "open_stores",
+    "purge_plan",
+    "remove",
+    "scrub_store",
+]
+
+#: Bytes of blocks read per get call while scrubbing or sampling.
+READ_BATCH_BYTES = 64 << 20
+#: Keys per evict call.
+EVICT_BATCH = 1000
+
+
+class OperatorStore:
+    """One tier's store, opened for operators: a lister, plus an instance per namespace."""
+
+    def __init__(self, config: TierConfig, registry: BackendRegistry) -> None:
+        self.config = config
+        self.name = config.name
+        self._registry = registry
+        self._tiers: dict[str, Tier] = {}
+        self.skipped: str | None = None
+        self.lister: Tier | None = None
+        try:
+            self.lister = open_catalog(config, registry)
+        except Exception as exc:
+            self.skipped = f"cannot open: {exc}"
+            return
+        caps = self.lister.capabilities
+        if not (caps.persistent or caps.shared):
+            self.skipped = "holds blocks only in the memory of the process running the chain"
+        elif not self.lister.handle.implements("kvtier_scan"):
+            self.skipped = (f"backend {config.backend!r} does not implement kvtier_scan "
+                            "(contract 1.1)")
+
+    def entries(self) -> list[ScanEntry]:
+        """Every block of the store, each key once per namespace."""
+        assert self.lister is not None
+        seen: set[tuple[str, bytes]] = set()
+        out: list[ScanEntry] = []
+        for batch in self.lister.scan(None):
+            for entry in batch:
+                if (entry.namespace, entry.key) not in seen:
+                    seen.add((entry.namespace, entry.key))
+                    out.append(entry)
+        return out
+
+    def tier(self, namespace: str) -> Tier:
+        """An instance opened on ``namespace`` (kept until :meth:`close`)."""
+        tier = self._tiers.get(namespace)
+        if tier is None:
+            tier = Tier(self.config, self._registry.create(self.config.backend),
+                        Namespace.from_hex(namespace))
+            tier.open()
+            self._tiers[namespace] = tier
+        return tier
+
+    def descriptors(self, namespaces: set[str]) -> dict[str, dict[str, Any]]:
+        assert self.lister is not None
+        return read_descriptors(self.lister, namespaces)
+
+    def close(self) -> None:
+        for tier in [*self._tiers.values(), *([self.lister] if self.lister else [])]:
+            with contextlib.suppress(Exception):  # one failing must not keep others open
+                tier.close()
+        self._tiers.clear()
+
+
+def open_stores(config: ChainConfig, registry: BackendRegistry,
+                only: Sequence[str] = ()) -> list[OperatorStore]:
+    """The chain's stores (only the tiers named in ``only``, if given), top to bottom."""
+    names = [t.name for t in config.tiers]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise ConfigError(f"no tier named {unknown[0]!r} in {config.source} "
+                          f"(tiers: {', '.join(names)})", key="--tier")
+    stores = [OperatorStore(t, registry) for t in config.tiers if not only or t.name in only]
+    named = [s for s in stores if s.skipped is not None and s.name in only]
+    if named:
+        for store in stores:
+            store.close()
+        raise ConfigError(f"tier {named[0].name!r}: {named[0].skipped}", key="--tier")
+    return stores
+
+
+def _read_batches(entries: Sequence[ScanEntry]) -> Iterator[list[ScanEntry]]:
+    """Runs of entries of one namespace, about :data:`READ_BATCH_BYTES` each."""
+    by_ns: dict[str, list[ScanEntry]] = {}
+    for entry in entries:
+        by_ns.setdefault(entry.namespace, []).append(entry)
+    for group in by_ns.values():
+        batch: list[ScanEntry] = []
+        total = 0
+        for entry in group:
+            if batch and total + entry.size > READ_BATCH_BYTES:
+                yield batch
+                batch, total = [], 0
+            batch.append(entry)
+            total += entry.size
+        if batch:
+            yield batch
+
+
+def check_block(blob: Any, entry: ScanEntry) -> tuple[int, str | None]:
+    """Verify one stored block fully; ``(codec, None)`` or ``(-1, reason)``.
+
+    Header, namespace, key, length and checksum, and for a compressed block
+    the zstd frame itself (decoded into scratch memory).
+    """
+    fingerprint = bytes.fromhex(entry.namespace)
+    try:
+        header = parse_header(blob, fingerprint, entry.key)
+        stored = memoryview(blob).cast("B")[header.size :]
+        _check_payload(header, stored, True)
+        if header.codec == CODEC_ZSTD:
+            decode_into(blob, fingerprint, entry.key, memoryview(bytearray(header.raw_len)),
+                        verify=False)
+    except CorruptBlockError as exc:
+        return -1, str(exc)
+    return header.codec, None
+
+
+# -------------------------------------------------------------------------
+# inspect
+# -------------------------------------------------------------------------
+
+
+@dataclass
+class NamespaceSummary:
+    namespace: str
+    description: dict[str, Any] | None
+    blocks: int = 0
+    bytes: int = 0
+    oldest: float | None = None
+    newest: float | None = None
+    sampled: int = 0
+    codecs: Counter[str] = field(default_factory=Counter)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "description": self.description,
+                "blocks": self.blocks, "bytes": self.bytes, "oldest": self.oldest,
+                "newest": self.newest, "sampled": self.sampled, "codecs": dict(self.codecs)}
+
+
+_CODEC_NAMES = {0: "none", 1: "zstd", -1: "corrupt"}
+
+
+def inspect_store(store: OperatorStore, sample: int) -> tuple[list[NamespaceSummary], int]:
+    """Per namespace: blocks, bytes, age range, codec mix of up to ``sample`` headers.
+
+    Also answers how many namespace descriptors the catalog holds.
+    """
+    entries = store.entries()
+    summaries: dict[str, NamespaceSummary] = {}
+    catalog = 0
+    for entry in entries:
+        if entry.namespace == CATALOG_HEX:
+            catalog += 1
+            continue
+        s = summaries.get(entry.namespace)
+        if s is None:
+            s = summaries[entry.namespace] = NamespaceSummary(entry.namespace, None)
+        s.blocks += 1
+        s.bytes += entry.size
+        if entry.mtime is not None:
+            s.oldest = entry.mtime if s.oldest is None else min(s.oldest, entry.mtime)
+            s.newest = entry.mtime if s.newest is None else max(s.newest, entry.mtime)
+    for ns, fields in store.descriptors(set(summaries)).items():
+        summaries[ns].description = fields
+    picked: list[ScanEntry] = []
+    taken: Counter[str] = Counter()
+    for entry in entries:
+        if entry.namespace in summaries and taken[entry.namespace] < sample:
+            taken[entry.namespace] += 1
+            picked.append(entry)
+    for batch in _read_batches(picked):
+        blobs = store.tier(batch[0].namespace).handle.get([e.key for e in batch])
+        summary = summaries[batch[0].namespace]
+        for entry, blob in zip(batch, blobs):
+            if blob is None:
+                continue  # evicted since the scan
+            codec, _ = check_block(blob, entry)
+            summary.sampled += 1
+            summary.codecs[_CODEC_NAMES.get(codec, str(codec))] += 1
+    ordered = sorted(summaries.values(), key=lambda s: (-s.bytes, s.namespace))
+    return ordered, catalog
+
+
+# -------------------------------------------------------------------------
+# scrub
+# -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Corrupt:
+    namespace: str
+    key: bytes
+    size: int
+    reason: str
+    removed: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "key": self.key.hex(), "size": self.size,
+                "reason": self.reason, "removed": self.removed}
+
+
+@dataclass
+class ScrubResult:
+    checked: int = 0
+    bytes: int = 0
+    vanished: int = 0
+    corrupt: list[Corrupt] = field(default_factory=list)
+
+
+class RateLimit:
+    """Sleeps so that work goes no faster than ``per_second`` units on average."""
+
+    def __init__(self, per_second: float | None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.per_second, self._sleep = per_second, sleep
+        self._start = time.monotonic()
+        self._done = 0.0
+
+    def spent(self, amount: float) -> None:
+        if not self.per_second:
+            return
+        self._done += amount
+        ahead = self._done / self.per_second - (time.monotonic() - self._start)
+        if ahead > 0:
+            self._sleep(ahead)
+
+
+def scrub_store(store: OperatorStore, entries: Sequence[ScanEntry], *, repair: bool,
+                limit: RateLimit, progress: Callable[[int], None]) -> ScrubResult:
+    """Read and check every block in ``entries``; remove the bad ones if ``repair``.
+
+    ``progress`` is told the bytes of each batch checked.  Blocks gone since
+    the scan are counted as vanished, not corrupt.
+    """
+    result = ScrubResult()
+    for batch in _read_batches(entries):
+        tier = store.tier(batch[0].namespace)
+        blobs = tier.handle.get([e.key for e in batch])
+        bad: list[tuple[ScanEntry, str]] = []
+        for entry, blob in zip(batch, blobs):
+            if blob is None:
+                result.vanished += 1
+                continue
+            result.checked += 1
+            result.bytes += memoryview(blob).nbytes
+            _, reason = check_block(blob, entry)
+            if reason is not None:
+                bad.append((entry, reason))
+        removed = tier.handle.evict([e.key for e, _ in bad]) if repair and bad else []
+        for i, (entry, reason) in enumerate(bad):
+            result.corrupt.append(Corrupt(entry.namespace, entry.key, entry.size, reason,
+                                          bool(removed[i]) if removed else False))
+        size = sum(e.size for e in batch)
+        progress(size)
+        limit.spent(size)
+    return result
+
+
+# -------------------------------------------------------------------------
+# purge
+# -------------------------------------------------------------------------
+
+
+def purge_plan(store: OperatorStore, *, model: str | None, namespace: str | None,
+               older_than: float | None, now: float) -> tuple[list[ScanEntry], int, dict[str, Any]]:
+    """The blocks the selectors match (all given ones must match), and what was left out.
+
+    Answers the matching entries, how many blocks ``older_than`` could not
+    judge (the store keeps no time for them), and the descriptors of the
+    namespaces seen.  The catalog is never matched: its descriptors go with
+    their namespace when a purge takes the whole namespace (see :func:`remove`).
+    """
+    entries = [e for e in store.entries() if e.namespace != CATALOG_HEX]
+    descriptors = store.descriptors({e.namespace for e in entries})
+    cutoff = None if older_than is None else now - older_than
+    matched: list[ScanEntry] = []
+    undated = 0
+    for entry in entries:
+        if namespace is not None and entry.namespace != namespace:
+            continue
+        if model is not None and (descriptors.get(entry.namespace) or {}).get("model") != model:
+            continue
+        if cutoff is not None:
+            if entry.mtime is None:
+                undated += 1
+                continue
+            if entry.mtime >= cutoff:
+                continue
+        matched.append(entry)
+    return matched, undated, descriptors
+
+
+def remove(store: OperatorStore, entries: Sequence[ScanEntry],
+           whole_namespaces: bool) -> tuple[int, int]:
+    """Evict ``entries``; answers (blocks removed, bytes freed).
+
+    With ``whole_namespaces`` (no age selector) the namespaces' descriptors
+    are removed from the catalog too.
+    """
+    removed = freed = 0
+    by_ns: dict[str, list[ScanEntry]] = {}
+    for entry in entries:
+        by_ns.setdefault(entry.namespace, []).append(entry)
+    for ns, group in by_ns.items():
+        tier = store.tier(ns)
+        for start in range(0, len(group), EVICT_BATCH):
+            part = group[start : start + EVICT_BATCH]
+            flags = tier.handle.evict([e.key for e in part])
+            removed += sum(1 for f in flags if f)
+            freed += sum(e.size for e, f in zip(part, flags) if f)
+    if whole_namespaces and store.lister is not None and by_ns:
+        store.lister.handle.evict([bytes.fromhex(ns) for ns in by_ns])
+    return removed, freed

@@ -1,0 +1,331 @@
+"""``kvtier inspect``, ``kvtier scrub`` and ``kvtier purge``: a chain's stores for operators.
+
+Each takes the chain file an engine uses, ``--tier NAME`` (repeatable) to
+pick tiers, prints tables, and with ``--json`` one JSON document on stdout
+instead.  Exit status: 0 done, 1 ``scrub`` found corrupt blocks or a purge
+was not confirmed, 2 the file, a tier or the arguments are wrong.  What they
+do is :mod:`kvtier.cli.operate`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kvtier.cli.operate import (
+    OperatorStore,
+    RateLimit,
+    inspect_store,
+    open_stores,
+    purge_plan,
+    remove,
+    scrub_store,
+)
+from kvtier.config.loader import load_config
+from kvtier.config.units import format_size, parse_duration, parse_size
+from kvtier.plugins.registry import default_registry
+from kvtier.spec import KvtierError, ScanEntry
+
+__all__ = ["inspect_command", "purge_command", "scrub_command"]
+
+_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _console() -> Console:
+    # piped (a log, a pager): wide enough that rows do not wrap into columns of letters
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _fail(message: str) -> None:
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}")
+    sys.exit(2)
+
+
+@contextmanager
+def _stores(config_file: str, tiers: Sequence[str]) -> Iterator[list[OperatorStore]]:
+    try:
+        config = load_config(config_file)
+        stores = open_stores(config, default_registry(), tiers)
+    except KvtierError as exc:
+        _fail(str(exc))
+        raise AssertionError("unreachable") from None
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _model(description: dict[str, Any] | None) -> str:
+    return "?" if description is None else str(description["model"])
+
+
+def _emit(as_json: bool, document: dict[str, Any], tables: Callable[[Console], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        tables(_console())
+
+
+def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--json", "as_json", is_flag=True,
+                      help="Print one JSON document instead of tables.")(fn)
+    fn = click.option("--tier", "tiers", multiple=True, metavar="NAME",
+                      help="Only this tier (repeatable); default: every tier.")(fn)
+    return click.argument("config_file", metavar="CONFIG",
+                          type=click.Path(exists=True, dir_okay=False))(fn)
+
+
+# -------------------------------------------------------------------------
+# inspect
+# -------------------------------------------------------------------------
+
+
+@click.command("inspect")
+@_config_options
+@click.option("--sample", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Block headers read per namespace for the codec mix.")
+def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sample: int) -> None:
+    """What each tier of CONFIG holds: namespaces (model, dtype, ...), blocks, bytes, codecs."""
+    report: list[dict[str, Any]] = []
+    with _stores(config_file, tiers) as stores:
+        for store in stores:
+            row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
+            if store.skipped is not None:
+                row["skipped"] = store.skipped
+            else:
+                try:
+                    summaries, descriptors = inspect_store(store, sample)
+                except KvtierError as exc:
+                    _fail(f"tier {store.name!r}: {exc}")
+                    return
+                row["namespaces"] = [s.as_json() for s in summaries]
+                row["descriptors"] = descriptors
+            report.append(row)
+    _emit(as_json, {"config": config_file, "tiers": report}, lambda c: _inspect_tables(c, report))
+
+
+def _inspect_tables(console: Console, report: list[dict[str, Any]]) -> None:
+    for row in report:
+        title = f"tier {row['tier']} ({row['backend']})"
+        if "skipped" in row:
+            console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+            continue
+        table = Table(title=title, title_justify="left")
+        table.add_column("namespace", no_wrap=True)
+        table.add_column("model", overflow="fold")
+        table.add_column("kv (dtype, tokens/block, layout)", overflow="fold")
+        for column in ("blocks", "bytes"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for column in ("oldest", "newest"):
+            table.add_column(column, no_wrap=True)
+        table.add_column("codecs", overflow="fold")
+        for ns in row["namespaces"]:
+            d = ns["description"] or {}
+            kv = ", ".join(str(x) for x in (d.get("dtype"), d.get("tokens_per_block"),
+                                            d.get("kv_layout"), d.get("parallel_layout")) if x)
+            codecs = ", ".join(f"{k} {v}" for k, v in sorted(ns["codecs"].items()))
+            if ns["sampled"] < ns["blocks"] and codecs:
+                codecs += f" (of {ns['sampled']} read)"
+            table.add_row(ns["namespace"][:12], escape(_model(ns["description"])),
+                          escape(kv or "-"), str(ns["blocks"]), format_size(ns["bytes"]),
+                          _when(ns["oldest"]), _when(ns["newest"]), codecs or "-")
+        console.print(table)
+        blocks = sum(ns["blocks"] for ns in row["namespaces"])
+        size = sum(ns["bytes"] for ns in row["namespaces"])
+        console.print(f"{len(row['namespaces'])} namespace(s), {blocks} block(s), "
+                      f"{format_size(size)}; {row['descriptors']} namespace descriptor(s); "
+                      "times in UTC")
+
+
+# -------------------------------------------------------------------------
+# scrub
+# -------------------------------------------------------------------------
+
+
+@click.command("scrub")
+@_config_options
+@click.option("--repair", is_flag=True, help="Remove the corrupt blocks found.")
+@click.option("--max-rate", metavar="BYTES", default=None,
+              help="Read at most this many bytes per second, e.g. 200MiB (to run beside serving).")
+def scrub_command(config_file: str, tiers: tuple[str, ...], as_json: bool, repair: bool,
+                  max_rate: str | None) -> None:
+    """Read and verify every block of CONFIG's tiers (header, namespace, key, checksum).
+
+    Exits 1 when any block is corrupt (also with --repair, which removes them).
+    """
+    try:
+        rate = None if max_rate is None else float(parse_size(max_rate))
+    except ValueError as exc:
+        _fail(f"--max-rate: {exc}")
+        return
+    if rate is not None and rate <= 0:
+        _fail("--max-rate must be more than 0 bytes per second")
+    report: list[dict[str, Any]] = []
+    with _stores(config_file, tiers) as stores:
+        for store in stores:
+            report.append(_scrub_one(store, repair, rate))
+    corrupt = sum(len(r.get("corrupt", [])) for r in report)
+    document = {"config": config_file, "tiers": report, "corrupt": corrupt, "repair": repair}
+    _emit(as_json, document, lambda c: _scrub_tables(c, report, repair))
+    sys.exit(1 if corrupt else 0)
+
+
+def _scrub_one(store: OperatorStore, repair: bool, rate: float | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
+    if store.skipped is not None:
+        row["skipped"] = store.skipped
+        return row
+    try:
+        entries = store.entries()
+        columns = (TextColumn(f"scrub {store.name}"), BarColumn(), DownloadColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("scrub", total=sum(e.size for e in entries))
+            result = scrub_store(store, entries, repair=repair, limit=RateLimit(rate),
+                                 progress=lambda n: bar.advance(task, n))
+    except KvtierError as exc:
+        _fail(f"tier {store.name!r}: {exc}")
+        raise AssertionError("unreachable") from None
+    row.update(checked=result.checked, bytes=result.bytes, vanished=result.vanished,
+               corrupt=[c.as_json() for c in result.corrupt])
+    return row
+
+
+def _scrub_tables(console: Console, report: list[dict[str, Any]], repair: bool) -> None:
+    for row in report:
+        title = f"tier {row['tier']} ({row['backend']})"
+        if "skipped" in row:
+            console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+            continue
+        console.print(f"{escape(title)}: {row['checked']} block(s) checked, "
+                      f"{format_size(row['bytes'])}, {len(row['corrupt'])} corrupt"
+                      + (f", {row['vanished']} gone during the scrub" if row["vanished"] else ""))
+        if not row["corrupt"]:
+            continue
+        table = Table(title=f"corrupt blocks in {row['tier']}", title_justify="left")
+        for column in ("namespace", "key", "bytes", "problem", "removed"):
+            table.add_column(column, overflow="fold")
+        for c in row["corrupt"]:
+            table.add_row(c["namespace"][:12], c["key"], str(c["size"]), escape(c["reason"]),
+                          "yes" if c["removed"] else "no")
+        console.print(table)
+    if not repair and any(row.get("corrupt") for row in report):
+        console.print("run again with --repair to remove them")
+
+
+# -------------------------------------------------------------------------
+# purge
+# -------------------------------------------------------------------------
+
+
+@click.command("purge")
+@_config_options
+@click.option("--model", default=None, help="Blocks of namespaces of this model.")
+@click.option("--namespace", default=None, metavar="HEX",
+              help="Blocks of this namespace (32 hex digits).")
+@click.option("--older-than", default=None, metavar="AGE",
+              help="Blocks stored longer ago than this, e.g. 7d, 12h.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def purge_command(config_file: str, tiers: tuple[str, ...], as_json: bool, model: str | None,
+                  namespace: str | None, older_than: str | None, yes: bool) -> None:
+    """Delete the blocks that match every selector given; report the bytes freed."""
+    if model is None and namespace is None and older_than is None:
+        _fail("purge needs a selector: --model NAME, --namespace HEX or --older-than AGE "
+              "(it never deletes everything)")
+    if namespace is not None and not _NAMESPACE_RE.match(namespace):
+        _fail(f"--namespace: expected 32 lowercase hex digits, got {namespace!r}")
+    try:
+        age = None if older_than is None else parse_duration(older_than)
+    except ValueError as exc:
+        _fail(f"--older-than: {exc}")
+        return
+    now = time.time()
+    with _stores(config_file, tiers) as stores:
+        plans: list[tuple[OperatorStore, list[ScanEntry], int, dict[str, Any]]] = []
+        for store in stores:
+            if store.skipped is not None:
+                plans.append((store, [], 0, {}))
+                continue
+            try:
+                plans.append((store, *purge_plan(store, model=model, namespace=namespace,
+                                                 older_than=age, now=now)))
+            except KvtierError as exc:
+                _fail(f"tier {store.name!r}: {exc}")
+        blocks = sum(len(p[1]) for p in plans)
+        size = sum(e.size for p in plans for e in p[1])
+        if blocks and not yes:
+            where = ", ".join(p[0].name for p in plans if p[1])
+            if not click.confirm(f"delete {blocks} block(s), {format_size(size)}, from {where}?",
+                                 err=True):
+                click.echo("nothing deleted", err=True)
+                sys.exit(1)
+        report = [_purge_one(*plan, whole=age is None) for plan in plans]
+    document = {"config": config_file, "tiers": report,
+                "removed_blocks": sum(r.get("removed_blocks", 0) for r in report),
+                "freed_bytes": sum(r.get("freed_bytes", 0) for r in report)}
+    _emit(as_json, document, lambda c: _purge_tables(c, report, document))
+
+
+def _purge_one(store: OperatorStore, matched: list[ScanEntry], undated: int,
+               descriptors: dict[str, Any], whole: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
+    if store.skipped is not None:
+        row["skipped"] = store.skipped
+        return row
+    try:
+        removed, freed = remove(store, matched, whole_namespaces=whole)
+    except KvtierError as exc:
+        _fail(f"tier {store.name!r}: {exc}")
+        raise AssertionError("unreachable") from None
+    per_ns: dict[str, dict[str, Any]] = {}
+    for entry in matched:
+        ns = per_ns.setdefault(entry.namespace, {
+            "namespace": entry.namespace, "model": _model(descriptors.get(entry.namespace)),
+            "blocks": 0, "bytes": 0})
+        ns["blocks"] += 1
+        ns["bytes"] += entry.size
+    row.update(namespaces=list(per_ns.values()), removed_blocks=removed, freed_bytes=freed,
+               undated=undated)
+    return row
+
+
+def _purge_tables(console: Console, report: list[dict[str, Any]],
+                  document: dict[str, Any]) -> None:
+    for row in report:
+        title = f"tier {row['tier']} ({row['backend']})"
+        if "skipped" in row:
+            console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+            continue
+        table = Table(title=title, title_justify="left")
+        for column in ("namespace", "model", "blocks", "bytes"):
+            table.add_column(column, overflow="fold")
+        for ns in row["namespaces"]:
+            table.add_row(ns["namespace"], escape(ns["model"]), str(ns["blocks"]),
+                          format_size(ns["bytes"]))
+        if row["namespaces"]:
+            console.print(table)
+        console.print(f"{escape(title)}: removed {row['removed_blocks']} block(s), freed "
+                      f"{format_size(row['freed_bytes'])}"
+                      + (f"; {row['undated']} block(s) have no stored time and were kept"
+                         if row["undated"] else ""))
+    console.print(f"total: removed {document['removed_blocks']} block(s), freed "
+                  f"{format_size(document['freed_bytes'])}")
