@@ -488,6 +488,10 @@ class RedisBackend:
         time of writing, so ``mtime`` is ``None``.
         """
         conn = self._live()
+        if isinstance(conn, ClusterStore):
+            # SCAN is per node in a cluster, and blocks live in shard key
+            # spaces: listing them is not written yet
+            raise BackendError(f"{conn.where}: kvtier_scan is not supported with cluster: true")
         if namespace is not None and not _NAMESPACE_RE.match(namespace.encode()):
             raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
                               key="namespace")
