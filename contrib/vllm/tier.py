@@ -73,6 +73,7 @@ from kvtier.config import load_config
 from kvtier.spec import MAX_KEY_SIZE, ConfigError, KvtierError
 
 from ._compat import (
+    HAS_DEFERRED_RELEASE,
     VLLM_VERSION,
     LookupResult,
     Medium,
@@ -120,6 +121,7 @@ _ADAPTER_COUNTERS = (
     ("dropped_keys", ("reason",), "Blocks removed from the chain after they failed to load."),
 )
 _HEALTHY = "tier_healthy"
+_CONFIG_INFO_KEYS = ("kvtier_chain", "kvtier_namespace", "kvtier_chunk_bytes")
 
 _PENDING, _IN_FLIGHT, _HIT, _MISS = range(4)
 
@@ -292,9 +294,17 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         and tries to open the chain again every this many seconds (30).
     ``locality``
         ``LOCAL`` or ``REMOTE``, passed on to vLLM (default: unset).
+    ``load_timeout``
+        vLLM 0.34 and later: seconds a load may run before the tier reports
+        it failed (vLLM recomputes) with ``deferred_release`` set, so vLLM
+        keeps the primary slots out of use until the read has really ended
+        (default: unset, a load is reported when it ends).
     """
 
     medium: ClassVar[Any] = Medium.STORAGE
+    #: vLLM 0.33+: this tier serves no peers, so nothing needs it polled between
+    #: engine steps; its lock would allow it.
+    tolerates_off_thread_polling: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -313,6 +323,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         job_workers: int = 8,
         reopen_interval: float = 30.0,
         locality: str | None = None,
+        load_timeout: float | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if not config:
@@ -326,6 +337,12 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._lookup_timeout = float(lookup_timeout)
         self._verdict_ttl = float(verdict_ttl)
         self._failed_ttl = float(failed_ttl)
+        if load_timeout is not None and not HAS_DEFERRED_RELEASE:
+            raise ConfigError(
+                f"'load_timeout' needs vLLM 0.34 or later (JobResult.deferred_release); "
+                f"this is vLLM {VLLM_VERSION}"
+            )
+        self._load_timeout = None if load_timeout is None else float(load_timeout)
         self.namespace = namespace_for(
             offloading_spec.config, self._payload, namespace_extra, model_name
         )
@@ -359,6 +376,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._batch: list[bytes] = []
         self._lookups: dict[int, list[tuple[bytes, _Probe]]] = {}
         self._jobs: dict[int, _Job] = {}
+        # loads reported failed while still reading: chain job -> deferred_release
+        self._late: dict[int, threading.Event] = {}
         self._repairs: set[Future[list[bool]]] = set()
         # keys whose load failed: a later store replaces the stored block
         self._damaged: dict[bytes, float] = {}
@@ -571,7 +590,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._repairs.add(future)
         future.add_done_callback(done)
 
-    def _finish_locked(self, job: _Job, flags: list[bool], now: float) -> None:
+    def _finish_locked(
+        self, job: _Job, flags: list[bool], now: float, late: threading.Event | None = None
+    ) -> None:
         ok = [k for k, f in zip(job.keys, flags) if f]
         failed = [k for k, f in zip(job.keys, flags) if not f]
         kind = "load_keys" if job.load else "store_keys"
@@ -584,7 +605,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         if job.load and failed:
             gone = [chain_key(k) for k in failed]
             self._remember(gone, _MISS, self._failed_ttl, now)
-            self._damaged.update((ck, now) for ck in gone)
+            if late is None:  # a slow read is no sign of a damaged block
+                self._damaged.update((ck, now) for ck in gone)
         success = not failed
         self._finished.append(
             job_result(
@@ -593,6 +615,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 ok if (job.load and ok and failed) else None,
                 now - job.submitted,
                 len(ok) * self._payload,
+                late,
             )
         )
 
@@ -612,10 +635,27 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 continue
             job = self._jobs.pop(res.job_id, None)
             if job is None:
+                released = self._late.pop(res.job_id, None)
+                if released is not None:  # the read ended: vLLM may reuse its slots
+                    released.set()
                 continue
             flags = [bool(f) for f in res.result] if res.error is None else []
             flags += [False] * (len(job.keys) - len(flags))
             self._finish_locked(job, flags, now)
+        if self._load_timeout is not None:
+            self._fail_slow_loads_locked(now)
+
+    def _fail_slow_loads_locked(self, now: float) -> None:
+        """Report loads running past ``load_timeout`` as failed, release deferred."""
+        assert self._load_timeout is not None
+        slow = [
+            chain_id for chain_id, job in self._jobs.items()
+            if job.load and now - job.submitted > self._load_timeout
+        ]
+        for chain_id in slow:
+            job = self._jobs.pop(chain_id)
+            event = self._late[chain_id] = threading.Event()
+            self._finish_locked(job, [False] * len(job.keys), now, event)
 
     def get_finished_jobs(self) -> Iterable[Any]:
         with self._lock:
@@ -628,17 +668,31 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
 
     def has_pending_work(self) -> bool:
         with self._lock:
-            return bool(self._jobs or self._repairs)
+            return bool(self._jobs or self._repairs or self._late)
 
     def drain_jobs(self) -> None:
+        """Wait for every job; a load reported late has its release event set too."""
         with self._lock:
-            ids = list(self._jobs)
+            ids = [*self._jobs, *self._late]
             repairs = list(self._repairs)
         if ids:
             self.chain.wait(ids)
         wait_futures(repairs)
         with self._lock:
             self._drain_locked(time.monotonic())
+
+    # vLLM 0.33+: labels of vllm:kv_offload_config_info ---------------------------
+    @classmethod
+    def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
+        return _CONFIG_INFO_KEYS
+
+    def config_info(self) -> Mapping[str, str | int | float | bool]:
+        """The chain's tiers, the namespace and the bytes of a chunk."""
+        return {
+            "kvtier_chain": " -> ".join(self._tier_names),
+            "kvtier_namespace": self.namespace.hex,
+            "kvtier_chunk_bytes": self._payload,
+        }
 
     # requests ----------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> Any:

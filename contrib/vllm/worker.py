@@ -27,10 +27,10 @@ import torch
 
 from ._compat import (
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
     TransferResult,
+    engine_blocks,
 )
 
 __all__ = ["HostCopyWorker"]
@@ -73,6 +73,7 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
         self._bpc = blocks_per_chunk
         self._region = region
         self._refs = [list(group) for group in kv_caches.group_data_refs]
+        self._tensors = list(kv_caches.tensors)
         self._engine: list[torch.Tensor] = []
         # per tensor: (num_chunks, blocks_per_chunk, page) view into this worker's slot
         self._host: list[torch.Tensor] = []
@@ -85,13 +86,14 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
         self._done: list[TransferResult] = []
 
     # OffloadingWorker --------------------------------------------------------
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
+    # The engine side is a GPULoadStoreSpec up to vLLM 0.33 and DevicePointers
+    # from 0.34; _compat.engine_blocks reads either.  An expedited load (0.33)
+    # needs nothing special: every copy finishes inside its submit call.
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: LoadStoreSpec) -> bool:
         return self._transfer(job_id, src_spec, dst_spec, to_host=True)
 
     def submit_load(
-        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec
+        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: Any, expedited: bool = False
     ) -> bool:
         return self._transfer(job_id, dst_spec, src_spec, to_host=False)
 
@@ -105,6 +107,7 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
     def shutdown(self) -> None:
         self._engine.clear()
         self._host.clear()
+        self._tensors.clear()
         region, self._region = self._region, None
         if region is not None:
             region.cleanup()
@@ -112,10 +115,9 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
     # copying -------------------------------------------------------------------
     def _transfer(self, job_id: int, engine_spec: Any, host_spec: Any, *, to_host: bool) -> bool:
         start = time.perf_counter()
-        engine_ids = np.asarray(engine_spec.block_ids, dtype=np.int64)
+        ids, group_sizes, block_indices = engine_blocks(engine_spec, self._tensors, self._refs)
+        engine_ids = np.asarray(ids, dtype=np.int64)
         chunk_ids = np.asarray(host_spec.block_ids, dtype=np.int64)
-        group_sizes = list(getattr(engine_spec, "group_sizes", None) or [len(engine_ids)])
-        block_indices = list(getattr(engine_spec, "block_indices", None) or [0] * len(group_sizes))
         if len(group_sizes) != len(self._refs):
             raise ValueError(
                 f"transfer names {len(group_sizes)} KV-cache group(s), the worker has "
