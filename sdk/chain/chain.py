@@ -32,6 +32,7 @@ from typing import Any, Literal, SupportsIndex
 from kvtier.block import framing
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
+from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
@@ -188,6 +189,7 @@ class Chain:
         self._unsaved: list[set[bytes] | None] = [
             set() if self._keeps_unsaved(i) else None for i in range(len(self.tiers))
         ]
+        self._listeners = Listeners()  # see add_listener
         self._closing = False  # no new jobs; running ones finish
         self._closed = False
         self._reporter: MetricsReporter | None = None
@@ -234,6 +236,7 @@ class Chain:
             stored = [(i, blob) for i, flag, blob in zip(remaining, flags, blobs) if flag]
             self._mark_unsaved(index, (keys[i] for i, _ in stored), True)
             self._handle_evicted(index, evicted)
+            self._emit("stored", index, (keys[i] for i, _ in stored), "put")
             for i, _ in stored:
                 result[i] = True
             if stored and self._writes_through(index):
@@ -322,6 +325,7 @@ class Chain:
                 for key, blob in evicted:
                     self._demoting[key] = (below, blob)
             self._submit_write(below, [k for k, _ in evicted], [b for _, b in evicted], "demote")
+        self._emit("removed", index, (k for k, _ in evicted), "capacity")
 
     def _submit_write(
         self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str
@@ -365,6 +369,7 @@ class Chain:
         try:
             flags, evicted = tier.put_blobs(keys, blobs, self._evicted_sink(index))
             self._handle_evicted(index, evicted)
+            self._emit("stored", index, (k for k, f in zip(keys, flags) if f), kind)
             stored = sum(flags)
             if kind == "demote":
                 tier.stats.add(demoted=stored)
@@ -542,6 +547,7 @@ class Chain:
             stored = [i for i, flag in zip(remaining, flags) if flag]
             self._mark_unsaved(index, (keys[i] for i in stored), True)
             self._handle_evicted(index, evicted)
+            self._emit("stored", index, (keys[i] for i in stored), "put")
             for i in stored:
                 result[i] = True
             if stored and self._writes_through(index):
@@ -606,9 +612,32 @@ class Chain:
         removed = [False] * len(keys)
         for index, tier in enumerate(self.tiers):
             self._mark_unsaved(index, keys, False)
-            for i, flag in enumerate(tier.evict(keys)):
+            flags = tier.evict(keys)
+            for i, flag in enumerate(flags):
                 removed[i] = removed[i] or flag
+            self._emit("removed", index, (k for k, f in zip(keys, flags) if f), "evict")
         return sum(removed)
+
+    # events -----------------------------------------------------------------------
+    def add_listener(self, listener: ChainListener) -> None:
+        """Call ``listener`` with a :class:`~kvtier.chain.events.ChainEvent` for every
+        batch of blocks a tier of this chain stores or removes (see that module)."""
+        self._listeners.add(listener)
+
+    def remove_listener(self, listener: ChainListener) -> None:
+        """Stop calling ``listener`` (a no-op if it was not added)."""
+        self._listeners.remove(listener)
+
+    def report_removed(self, tier_index: int, keys: Sequence[bytes], reason: str) -> None:
+        """Tell listeners that blocks left tier ``tier_index`` by a path outside the
+        chain's own calls (an operator's purge or scrub working on the backends)."""
+        self._emit("removed", tier_index, keys, reason)
+
+    def _emit(
+        self, kind: Literal["stored", "removed"], index: int, keys: Iterable[bytes], reason: str
+    ) -> None:
+        if self._listeners:
+            self._listeners.emit(kind, self.tiers[index].name, index, keys, reason)
 
     # asynchronous surface -------------------------------------------------------
     def _submit(self, kind: Literal["put", "get", "lookup"], fn: Any, *args: Any) -> int:

@@ -1,0 +1,78 @@
+"""What a chain stores and removes, told to listeners (KV-aware routers, adapters).
+
+A listener is any callable taking one :class:`ChainEvent`; register it with
+:meth:`kvtier.Chain.add_listener`.  It is called on the thread that changed
+the tier (the caller's for a first-tier put and for ``evict``, a tier's
+writer thread for write-through copies, demotions and promotions), after the
+change, with no chain lock held.  It must be quick and must not raise: an
+exception is logged and dropped, never seen by the chain's caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["ChainEvent", "ChainListener", "Listeners"]
+
+log = logging.getLogger("kvtier.chain")
+
+#: Why blocks entered a tier: ``put`` (the chain's caller stored them),
+#: ``through`` (copied down by a write-through tier), ``demote`` (a capacity
+#: victim of the tier above), ``promote`` (copied up on a hit).  Why they
+#: left: ``capacity`` (the backend evicted them for room), ``evict``
+#: (:meth:`~kvtier.Chain.evict`), ``purge`` (an operator's purge), or any
+#: other reason a reporter names through :meth:`~kvtier.Chain.report_removed`.
+Reason = str
+
+
+@dataclass(frozen=True)
+class ChainEvent:
+    """Blocks that entered (``stored``) or left (``removed``) one tier of a chain."""
+
+    kind: Literal["stored", "removed"]
+    tier: str
+    tier_index: int
+    keys: tuple[bytes, ...]
+    reason: Reason
+
+
+ChainListener = Callable[[ChainEvent], None]
+
+
+class Listeners:
+    """A thread-safe set of listeners; :meth:`emit` calls each in turn."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: tuple[ChainListener, ...] = ()
+
+    def add(self, listener: ChainListener) -> None:
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+    def remove(self, listener: ChainListener) -> None:
+        with self._lock:
+            self._listeners = tuple(fn for fn in self._listeners if fn is not listener)
+
+    def __bool__(self) -> bool:
+        return bool(self._listeners)
+
+    def emit(
+        self, kind: Literal["stored", "removed"], tier: str, index: int,
+        keys: Iterable[bytes], reason: Reason,
+    ) -> None:
+        listeners = self._listeners
+        if not listeners:
+            return
+        event = ChainEvent(kind, tier, index, tuple(keys), reason)
+        if not event.keys:
+            return
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's fault is never the chain caller's
+                log.exception("kvtier: chain listener %r failed", listener)
