@@ -53,6 +53,7 @@ from vllm.v1.kv_offload.base import (
     LookupResult,
     Medium,
     OffloadingCounterMetadata,
+    OffloadingEvent,
     OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadingWorker,
@@ -81,6 +82,7 @@ __all__ = [
     "Medium",
     "OffloadingConnectorStats",
     "OffloadingCounterMetadata",
+    "OffloadingEvent",
     "OffloadingGaugeMetadata",
     "OffloadingMetricMetadata",
     "OffloadingWorker",
@@ -97,6 +99,7 @@ __all__ = [
     "engine_blocks",
     "has_device_worker",
     "job_result",
+    "kv_events_enabled",
     "locality_of",
     "offloading_fields",
     "open_worker_region",
@@ -218,6 +221,12 @@ def engine_blocks(
     if pos != len(ptrs):
         raise ValueError("device pointers list more pages than their group counts say")
     return block_ids, counts, [int(i) for i in spec.block_indices]
+
+
+def kv_events_enabled(spec: Any) -> bool:
+    """Whether vLLM's KV cache events are on (the tier then reports its own)."""
+    events = getattr(spec, "kv_events_config", None)
+    return bool(getattr(events, "enable_kv_cache_events", False))
 
 
 def has_device_worker() -> bool:

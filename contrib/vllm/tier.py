@@ -43,6 +43,12 @@ their layers, canonical/replicated flags, vLLM release) and the parallel
 layout (tp/pp/pcp/dcp, world size, rank).  Blocks from any other
 configuration are misses.  ``namespace_extra`` adds fields of your own.
 
+KV events.  With vLLM's KV cache events on, the tier listens to its chain
+(:meth:`kvtier.Chain.add_listener`) and reports through ``take_events`` the
+chunks vLLM stored in the chain and those no kvtier tier holds any more
+(capacity evictions in any tier, evictions, purges), as ``OffloadingEvent``
+with ``Medium.STORAGE``.
+
 Stats.  vLLM's metric hooks work in 0.32: :meth:`KvtierTier.build_metric_definitions`
 declares counters (``vllm:kv_offload_kvtier_*``, per kvtier tier) and
 :meth:`KvtierTier.get_stats` reports what changed, so they appear on vLLM's
@@ -60,14 +66,15 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from kvtier.block.namespace import Namespace
-from kvtier.chain import Chain
+from kvtier.chain import Chain, ChainEvent
 from kvtier.chain import JobResult as ChainJobResult
 from kvtier.config import load_config
 from kvtier.spec import MAX_KEY_SIZE, ConfigError, KvtierError
@@ -79,6 +86,7 @@ from ._compat import (
     Medium,
     OffloadingConnectorStats,
     OffloadingCounterMetadata,
+    OffloadingEvent,
     OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     ReqContext,
@@ -88,6 +96,7 @@ from ._compat import (
     TransferJob,
     adopt_vllm_logging,
     job_result,
+    kv_events_enabled,
     locality_of,
     offloading_fields,
     row_payload_bytes,
@@ -119,6 +128,7 @@ _ADAPTER_COUNTERS = (
     ("load_keys", ("outcome",), "Chunks the kvtier tier was asked to load: ok, failed."),
     ("store_keys", ("outcome",), "Chunks the kvtier tier was asked to store: ok, failed, skipped."),
     ("dropped_keys", ("reason",), "Blocks removed from the chain after they failed to load."),
+    ("kv_events", ("kind",), "Blocks in KV events the kvtier tier gave vLLM: stored, removed."),
 )
 _HEALTHY = "tier_healthy"
 _CONFIG_INFO_KEYS = ("kvtier_chain", "kvtier_namespace", "kvtier_chunk_bytes")
@@ -356,6 +366,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._reopen_interval = float(reopen_interval)
         self._next_reopen = 0.0
         self._reopening = False
+        # KV events (when vLLM's are on): what the chain stored and removed
+        self._events: deque[Any] | None = (
+            deque() if kv_events_enabled(offloading_spec) else None
+        )
+        self._long_keys: dict[bytes, bytes] = {}  # digest -> vLLM key, for events
         self.chain: Chain | _NoChain
         try:
             self.chain = self._open_chain()
@@ -403,7 +418,54 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         return bool(self._lookups) or any(job.load for job in self._jobs.values())
 
     def _open_chain(self) -> Chain:
-        return Chain(self._chain_config, self.namespace, job_workers=self._job_workers)
+        chain = Chain(self._chain_config, self.namespace, job_workers=self._job_workers)
+        if self._events is not None:
+            chain.add_listener(self._on_chain_event)
+        return chain
+
+    # KV events ---------------------------------------------------------------------
+    def _on_chain_event(self, event: ChainEvent) -> None:
+        """A chain's store or removal, as vLLM's ``OffloadingEvent`` (chain threads).
+
+        vLLM sees the chain as one tier: a block is stored when vLLM's store
+        lands in the chain (not again when it is copied between kvtier
+        tiers), and removed when no kvtier tier holds it any more (a capacity
+        victim demoted below, or still held above a lower tier that evicted
+        it, stays).
+        """
+        assert self._events is not None
+        keys = list(event.keys)
+        if event.kind == "stored":
+            if event.reason != "put":
+                return
+        else:
+            chain = self.chain
+            if not isinstance(chain, Chain):
+                return
+            try:
+                where = chain.lookup(keys)
+            except KvtierError:  # closing: nothing more to say
+                return
+            keys = [k for k, tier in zip(keys, where) if tier is None]
+        keys = [self._long_keys.get(k, k) for k in keys]
+        if keys:
+            self._events.append(OffloadingEvent(
+                keys=cast(Any, keys), medium=self.medium, removed=event.kind == "removed",
+                locality=self.locality,
+            ))
+
+    def take_events(self) -> Iterable[Any]:
+        """Blocks the chain stored and removed since the last call (vLLM's KV events)."""
+        if self._events is None:
+            return ()
+        taken = []
+        while self._events:
+            taken.append(self._events.popleft())
+        if taken:
+            with self._lock:
+                for e in taken:
+                    self._count("kv_events", "removed" if e.removed else "stored", len(e.keys))
+        return taken
 
     def _maybe_reopen_locked(self, now: float) -> None:
         """Try again to open a chain that failed to open, on a thread of its own."""
@@ -529,6 +591,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 self._finish_locked(job, [], now)
                 return
             chain_keys = [chain_key(k) for k, _ in todo]
+            if self._events is not None:
+                self._long_keys.update((ck, k) for (k, _), ck in zip(todo, chain_keys) if ck != k)
             rows = self._rows(c for _, c in todo)
             damaged = [ck for ck in chain_keys if self._damaged.pop(ck, None) is not None]
             if damaged and not self.closed:

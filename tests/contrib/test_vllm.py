@@ -537,7 +537,8 @@ class Run:
     """
 
     def __init__(self, tmp: Path, model: str, *, config: Path | None = None,
-                 phases: str = "", multiprocess: bool = False, pause: bool = False) -> None:
+                 phases: str = "", multiprocess: bool = False, pause: bool = False,
+                 kv_events: bool = False) -> None:
         self.log = tmp / f"run-{uuid.uuid4().hex[:8]}.log"
         cmd = [sys.executable, str(SUPPORT / "vllm_runner.py"), "--model", model,
                "--prompts", json.dumps(PROMPTS)]
@@ -547,6 +548,8 @@ class Run:
             cmd += ["--phases", phases]
         if pause:
             cmd += ["--pause", "--reset-between"]
+        if kv_events:
+            cmd += ["--kv-events"]
         with open(self.log, "w") as stderr:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=stderr, text=True, cwd=tmp,
@@ -798,3 +801,23 @@ def test_second_instance_shares_through_object_store_and_survives_its_outage(
     (local,) = result["phases"][1]["local"]
     assert local["chain"]["disk"]["hits"] == 4
     assert local["chain"]["object"]["errors"] >= 1
+
+
+
+@needs_vllm
+@pytest.mark.timeout(900)
+def test_kv_events_report_the_blocks_the_chain_stores(model_dir: str, tmp_path: Path) -> None:
+    """With vLLM's KV events on, vLLM's scheduler takes from the tier one stored
+    event per chunk the chain stored (counted as vLLM takes them)."""
+    config = write_yaml(tmp_path / "tiers.yaml", [
+        host_tier(), {"name": "disk", "backend": "fs", "url": str(tmp_path / "store")}])
+    run = Run(tmp_path, model_dir, config=config, phases="p1,p2", kv_events=True)
+    try:
+        result = run.result()
+    finally:
+        run.kill()
+    # 4 full chunks per prompt, each reported once, none removed
+    assert metric(result, 0, "store_keys{ok}") == 8
+    assert metric(result, 0, "kv_events{stored}") == 8
+    assert metric(result, 0, "kv_events{removed}") == 0
+    assert len(list((tmp_path / "store").rglob("*.kvb"))) == 8

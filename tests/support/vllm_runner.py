@@ -42,7 +42,7 @@ def kvtier_metrics(llm: Any) -> dict[str, float]:
         if not metric.name.startswith("vllm:kv_offload_kvtier_"):
             continue
         labels = {k: v for k, v in metric.labels.items()
-                  if k in ("kvtier_tier", "result", "outcome", "reason")}
+                  if k in ("kvtier_tier", "result", "outcome", "reason", "kind")}
         label = ",".join(f"{v}" for _, v in sorted(labels.items()))
         value = getattr(metric, "value", None)
         if isinstance(value, (int, float)):
@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--pause", action="store_true")
     parser.add_argument("--reset-between", action="store_true")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="switch vLLM's KV cache events on (null publisher)")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds of idle engine steps after each phase")
     args = parser.parse_args()
@@ -98,6 +100,11 @@ def main() -> None:
         from kvtier.contrib.vllm import kv_transfer_config
 
         kv_transfer = KVTransferConfig(**kv_transfer_config(args.kvtier_config))
+    extra: dict[str, Any] = {}
+    if args.kv_events:
+        from vllm.config import KVEventsConfig
+
+        extra["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     llm = LLM(
         model=args.model,
         skip_tokenizer_init=True,
@@ -109,6 +116,7 @@ def main() -> None:
         enable_prefix_caching=False,
         kv_transfer_config=kv_transfer,
         disable_log_stats=False,
+        **extra,
     )
     engine_s = time.monotonic() - started
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
