@@ -171,8 +171,9 @@ class FileRaw(Raw):
     def __init__(self, root: Path, fsync: bool, direct: bool = False) -> None:
         self.root, self.fsync, self.direct = root, fsync, direct
         self.label = "file I/O O_DIRECT" if direct else "file I/O"
+        self.reports = ("put", "get", "get-uncached")
         if direct:
-            self.reports = ("get",)  # it writes as the plain one does
+            self.reports = ("get", "get-uncached")  # it writes as the plain one does
         self.scratch: memoryview | None = None
         root.mkdir(parents=True, exist_ok=True)
 
@@ -212,12 +213,27 @@ class FileRaw(Raw):
                 os.close(fd)
             out[:] = view[: min(got, out.nbytes)]
 
+    def drop_cache(self, names: list[str]) -> None:
+        drop_page_cache([self.root / name for name in names])
+
     def clear(self, names: list[str]) -> None:
         for name in names:
             (self.root / name).unlink(missing_ok=True)
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def drop_page_cache(paths: Sequence[Path]) -> None:
+    """Push files out of the page cache: flushed first, since only clean pages are dropped."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 class ObstoreRaw(Raw):
@@ -297,6 +313,19 @@ class Plan:
     tier: TierConfig
     raws: Callable[[], list[Raw]]
     note: str = ""
+    #: where an fs tier's files are, to time reads after dropping them from the page cache
+    files: Path | None = None
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The operations reported: every tier's put and get, and what only some media have."""
+        ops: tuple[str, ...] = ("put", "get")
+        if self.tier.backend == "host":
+            # a tier opened for the round: its first blocks land in memory never used before
+            ops += ("put-first", "get-first")
+        if self.files is not None:
+            ops += ("get-uncached",)
+        return ops
 
 
 def _chain_of(tier: TierConfig) -> ChainConfig:
@@ -351,7 +380,10 @@ def tier_plan(settings: BenchSettings, stack: ExitStack) -> Iterator[tuple[list[
     plans = []
     for tier in tiers:
         raws, note = _raws_for(tier, tag, tier.name in local_peers)
-        plans.append(Plan(tier, raws, note))
+        files = None
+        if tier.backend == "fs" and hasattr(os, "posix_fadvise"):
+            files = _local_dir(str(dict(tier.options).get("url", "")))
+        plans.append(Plan(tier, raws, note, files))
     yield plans, notes
 
 
@@ -422,18 +454,88 @@ def _check(outs: Sequence[memoryview], blocks: Sequence[bytes]) -> int:
     return sum(out != block for out, block in zip(outs, blocks))
 
 
+#: What a raw ceiling's figures of an operation are for a kvtier operation
+#: without a ceiling of its own: a first use is held to the warm ceiling.
+_RAW_OP = {"put-first": "put", "get-first": "get"}
+
+
+@dataclass
+class _Round:
+    """One round's blocks and buffers, shared by kvtier and every ceiling."""
+
+    keys: list[bytes]
+    blocks: list[bytes]
+    outs: list[bytearray]
+
+    @property
+    def names(self) -> list[str]:
+        return [k.hex() for k in self.keys]
+
+    def check(self) -> int:
+        return _check([memoryview(o) for o in self.outs], self.blocks)
+
+    def clear_outs(self) -> None:
+        for buf in self.outs:
+            buf[:1] = b"\0"  # a skipped read cannot pass the check
+
+
+def _kvtier_round(chain: Chain, plan: Plan, r: _Round, fresh: bool) -> tuple[dict[str, float], int]:
+    """Time kvtier's put and get (and uncached get) of one round; count what went wrong."""
+    n = len(r.keys)
+    times: dict[str, float] = {}
+    suffix = "-first" if fresh else ""
+    start = time.perf_counter()
+    stored = chain.put(r.keys, r.blocks)
+    times["put" + suffix] = time.perf_counter() - start
+    r.clear_outs()
+    start = time.perf_counter()
+    found = chain.get(r.keys, r.outs)
+    times["get" + suffix] = time.perf_counter() - start
+    bad = (n - sum(stored)) + (n - sum(found)) + r.check()
+    if plan.files is not None and not fresh:
+        drop_page_cache(sorted(plan.files.rglob("*.kvb")))
+        r.clear_outs()
+        start = time.perf_counter()
+        found = chain.get(r.keys, r.outs)
+        times["get-uncached"] = time.perf_counter() - start
+        bad += (n - sum(found)) + r.check()
+    chain.evict(r.keys)
+    return times, bad
+
+
+def _raw_round(raw: Raw, r: _Round) -> tuple[dict[str, float], int]:
+    names, views = r.names, [memoryview(b) for b in r.blocks]
+    out_views = [memoryview(o) for o in r.outs]
+    times: dict[str, float] = {}
+    r.clear_outs()
+    start = time.perf_counter()
+    raw.put(names, views)
+    times["put"] = time.perf_counter() - start
+    start = time.perf_counter()
+    raw.get(names, out_views)
+    times["get"] = time.perf_counter() - start
+    bad = r.check()
+    if "get-uncached" in raw.reports and isinstance(raw, FileRaw):
+        raw.drop_cache(names)
+        r.clear_outs()
+        start = time.perf_counter()
+        raw.get(names, out_views)
+        times["get-uncached"] = time.perf_counter() - start
+        bad += r.check()
+    raw.clear(names)
+    return times, bad
+
+
 def _measure_tier(plan: Plan, settings: BenchSettings, namespace: Namespace,
                   progress: Progress) -> list[dict[str, Any]]:
     tier = plan.tier
     n, size = settings.blocks, settings.block_size
     batch = n * size
     blocks = _blocks(n, size, seed=len(tier.name))
-    views = [memoryview(b) for b in blocks]
     outs = [bytearray(size) for _ in range(n)]
-    out_views = [memoryview(o) for o in outs]
-    kv = {"put": Series(batch), "get": Series(batch)}
+    kv = {op: Series(batch) for op in plan.ops}
     raws = plan.raws()
-    raw_series = [{"put": Series(batch), "get": Series(batch)} for _ in raws]
+    raw_series = [{op: Series(batch) for op in plan.ops} for _ in raws]
     bad = {"kvtier": 0, **{raw.label: 0 for raw in raws}}
     chain = Chain(_chain_of(tier), namespace, job_workers=1)
     try:
@@ -441,66 +543,60 @@ def _measure_tier(plan: Plan, settings: BenchSettings, namespace: Namespace,
             if isinstance(raw, MemcpyRaw):
                 raw.prepare(n, size)
         for rnd in range(settings.rounds + 1):  # round 0 warms up and is not counted
-            keys = [os.urandom(16) for _ in range(n)]
-            names = [k.hex() for k in keys]
-            counted = rnd > 0
-            # alternate who goes first, so neither always meets a cold or a warm medium
+            r = _Round([os.urandom(16) for _ in range(n)], blocks, outs)
+            # alternate who goes first, so neither always meets a cold or a warm medium;
+            # -2 is a tier opened for this round alone
             order: list[int] = [-1, *range(len(raws))]
+            if "put-first" in plan.ops:
+                order.insert(1, -2)
             if rnd % 2:
                 order.reverse()
             for who in order:
-                series = kv if who < 0 else raw_series[who]
-                for buf in outs:
-                    buf[:1] = b"\0"  # a skipped read cannot pass the check
-                put, get = series["put"], series["get"]
-                if who < 0:
-                    start = time.perf_counter()
-                    stored = chain.put(keys, blocks)
-                    t_put = time.perf_counter() - start
-                    start = time.perf_counter()
-                    found = chain.get(keys, outs)
-                    t_get = time.perf_counter() - start
-                    bad["kvtier"] += (n - sum(stored)) + (n - sum(found))
-                    bad["kvtier"] += _check(out_views, blocks)
-                    chain.evict(keys)
+                if who == -2:
+                    fresh = Chain(_chain_of(tier), namespace, job_workers=1)
+                    try:
+                        times, wrong = _kvtier_round(fresh, plan, r, fresh=True)
+                    finally:
+                        fresh.close()
+                    series, label = kv, "kvtier"
+                elif who == -1:
+                    times, wrong = _kvtier_round(chain, plan, r, fresh=False)
+                    series, label = kv, "kvtier"
                 else:
-                    raw = raws[who]
-                    start = time.perf_counter()
-                    raw.put(names, views)
-                    t_put = time.perf_counter() - start
-                    start = time.perf_counter()
-                    raw.get(names, out_views)
-                    t_get = time.perf_counter() - start
-                    bad[raw.label] += _check(out_views, blocks)
-                    raw.clear(names)
-                if counted:
-                    put.seconds.append(t_put)
-                    get.seconds.append(t_get)
+                    times, wrong = _raw_round(raws[who], r)
+                    series, label = raw_series[who], raws[who].label
+                bad[label] += wrong
+                if rnd > 0:
+                    for op, seconds in times.items():
+                        series[op].seconds.append(seconds)
             progress.step(f"{tier.name} round {rnd}/{settings.rounds}")
     finally:
         chain.close()
         for raw in raws:
             raw.close()
-    rows = []
-    for op in ("put", "get"):
-        row: dict[str, Any] = {
-            "tier": tier.name, "backend": tier.backend, "op": op,
-            "block_size": size, "blocks_per_call": n,
-            "kvtier": kv[op].summary(),
-            "raw": [{"name": raw.label, **s[op].summary()}
-                    for raw, s in zip(raws, raw_series) if op in raw.reports],
-            "verified": all(v == 0 for v in bad.values()),
-            "mismatches": bad,
-        }
-        kv_p50 = row["kvtier"]["p50_ms"]
-        for raw_row in row["raw"]:
-            raw_row["ratio"] = row["kvtier"]["gbps"] / raw_row["gbps"] if raw_row["gbps"] else None
-            # the same ratio from the median batches: one disturbed round does not move it
-            raw_row["ratio_p50"] = raw_row["p50_ms"] / kv_p50 if kv_p50 else None
-        if plan.note:
-            row["note"] = plan.note
-        rows.append(row)
-    return rows
+    return [_row(plan, op, kv[op], raws, raw_series, bad, n, size) for op in plan.ops]
+
+
+def _row(plan: Plan, op: str, kv: Series, raws: list[Raw], raw_series: list[dict[str, Series]],
+         bad: dict[str, int], n: int, size: int) -> dict[str, Any]:
+    raw_op = _RAW_OP.get(op, op)
+    row: dict[str, Any] = {
+        "tier": plan.tier.name, "backend": plan.tier.backend, "op": op,
+        "block_size": size, "blocks_per_call": n,
+        "kvtier": kv.summary(),
+        "raw": [{"name": raw.label, **s[raw_op].summary()}
+                for raw, s in zip(raws, raw_series) if raw_op in raw.reports],
+        "verified": all(v == 0 for v in bad.values()),
+        "mismatches": bad,
+    }
+    kv_p50 = row["kvtier"]["p50_ms"]
+    for raw_row in row["raw"]:
+        raw_row["ratio"] = row["kvtier"]["gbps"] / raw_row["gbps"] if raw_row["gbps"] else None
+        # the same ratio from the median batches: one disturbed round does not move it
+        raw_row["ratio_p50"] = raw_row["p50_ms"] / kv_p50 if kv_p50 else None
+    if plan.note:
+        row["note"] = plan.note
+    return row
 
 
 def run_tiers(settings: BenchSettings, progress: Progress) -> dict[str, Any]:

@@ -27,8 +27,10 @@ def test_bench_quick_json_host_and_fs() -> None:
     assert report["settings"]["block_size"] == 64 * 1024
     assert report["machine"]["cpus"] >= 1
     rows = report["tiers"]["results"]
+    ops = {"host": ("put", "get", "put-first", "get-first"),
+           "fs": ("put", "get", "get-uncached")}
     assert {(r["backend"], r["op"]) for r in rows} == {
-        (b, op) for b in ("host", "fs") for op in ("put", "get")}
+        (b, op) for b in ("host", "fs") for op in ops[b]}
     for row in rows:
         assert row["verified"] is True, row
         assert set(row["mismatches"].values()) == {0}
