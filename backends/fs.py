@@ -104,9 +104,10 @@ OPTIONS: Mapping[str, Option] = {
     ),
     "direct_io": Option(
         "bool",
-        "read blocks of 256 KiB and more with O_DIRECT on local paths: cold reads "
-        "come faster and KV is not cached a second time in the page cache; "
-        "filesystems that refuse it (tmpfs) are read through the page cache",
+        "read blocks of 256 KiB and more that are not in the page cache with O_DIRECT "
+        "on local paths: cold reads come faster and KV is not cached a second time; "
+        "blocks still cached are read from the cache; filesystems that refuse "
+        "O_DIRECT (tmpfs) are read through the page cache",
         default=True,
     ),
     "storage_options": Option(

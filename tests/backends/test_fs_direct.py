@@ -76,12 +76,29 @@ class PreadvLog:
         self.addresses: list[list[int]] = []
         real = os.preadv
 
-        def preadv(fd: int, buffers: Any, offset: int) -> int:
-            self.calls.append([memoryview(b).nbytes for b in buffers])
-            self.addresses.append([address(b) for b in buffers])
-            return real(fd, buffers, offset)
+        self.nowait: list[list[int]] = []
+
+        def preadv(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+            lengths = [memoryview(b).nbytes for b in buffers]
+            if flags & getattr(os, "RWF_NOWAIT", 0):
+                self.nowait.append(lengths)  # a try of the page cache, not a read counted below
+            else:
+                self.calls.append(lengths)
+                self.addresses.append([address(b) for b in buffers])
+            return real(fd, buffers, offset, flags)
 
         monkeypatch.setattr(os, "preadv", preadv)
+
+
+def drop_cache(root: Path) -> None:
+    """Push every block file under ``root`` out of the page cache (fsync first: clean pages go)."""
+    for path in root.rglob("*.kvb"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def test_large_blocks_are_read_direct_and_exact(
@@ -93,6 +110,7 @@ def test_large_blocks_are_read_direct_and_exact(
     keys = [f"direct-{n}".encode() for n in SIZES]
     blocks = [blob(n, 1) for n in SIZES]
     assert all(tier.put(keys, blocks, []))
+    drop_cache(tmp_path / "store")
     log = PreadvLog(monkeypatch)
     outs, lists = scatter_lists(list(SIZES))
     assert list(tier.get_into(keys, lists)) == list(SIZES)
@@ -105,6 +123,37 @@ def test_large_blocks_are_read_direct_and_exact(
     assert len(scattered) == len(small)
     if store_of(tier).direct_min == 0:
         pytest.fail("the filesystem accepted O_DIRECT on open but refused the reads")
+
+
+def test_cached_blocks_are_read_from_the_page_cache_into_the_callers_buffers(
+    tmp_path: Path, handles: list[BackendHandle], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_fs(tmp_path / "store", handles)
+    store = store_of(tier)
+    if store.direct_min == 0 or not store.nowait:
+        pytest.skip("no O_DIRECT or no RWF_NOWAIT here")
+    keys = [b"hot", b"cold"]
+    blocks = [blob(2 << 20, 5), blob(2 << 20, 6)]
+    assert all(tier.put(keys, blocks, []))
+    # "cold" leaves the page cache ("hot" stays: it was just written)
+    fd = os.open(store.path(b"cold"), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    log = PreadvLog(monkeypatch)
+    for key, data in zip(keys, blocks):
+        outs, lists = scatter_lists([len(data)])
+        assert list(tier.get_into([key], lists)) == [len(data)]
+        assert bytes(outs[0]) == data
+    # "hot" came from the cache straight into the caller's two buffers; "cold"
+    # was not even tried there (a miss would start readahead of the whole file)
+    # where the kernel can say what is cached
+    tried = 2 if _fslayout._CACHESTAT_NR is None else 1
+    assert log.nowait == [[71, (2 << 20) - 71]] * tried
+    # only "cold" needed the disk: one aligned O_DIRECT read
+    assert len(log.calls) == 1 and all(n % 4096 == 0 for n in log.calls[0])
 
 
 def test_direct_io_off_reads_into_the_callers_buffers(
@@ -142,6 +191,7 @@ def test_filesystem_refusing_o_direct_falls_back(
     assert all(tier.put(keys, blocks, []))
     tried = []
     for _ in range(2):  # both passes are exact
+        drop_cache(tmp_path / "store")  # cached files would be read without trying O_DIRECT
         outs, lists = scatter_lists(list(SIZES))
         assert list(tier.get_into(keys, lists)) == list(SIZES)
         assert [bytes(o) for o in outs] == blocks
@@ -159,7 +209,9 @@ def test_parallel_direct_reads_use_a_buffer_per_thread(
     keys = [f"many-{i}".encode() for i in range(len(sizes))]
     blocks = [blob(n, i) for i, n in enumerate(sizes)]
     assert all(tier.put(keys, blocks, []))
-    for _ in range(3):
+    for attempt in range(3):
+        if attempt:
+            drop_cache(tmp_path / "store")  # the first pass reads the page cache, the rest the disk
         outs, lists = scatter_lists(sizes)
         assert list(tier.get_into(keys, lists)) == sizes
         assert [bytes(o) for o in outs] == blocks
@@ -194,6 +246,7 @@ def test_a_chain_reads_payloads_straight_into_aligned_memory(
         assert chain.put(keys, payloads) == [True] * 5
         if chain.tiers[0].handle.instance._store.direct_min == 0:
             pytest.skip("the backend did not enable O_DIRECT here")
+        drop_cache(tmp_path / "kv")
         log = PreadvLog(monkeypatch)
         tail = bytearray(odd)
         assert chain.get(keys, [*rows, memoryview(tail)]) == [True] * 5
