@@ -453,19 +453,29 @@ def _scan_first(first: os.DirEntry[str], now: float) -> tuple[list[Entry], int]:
     for second in _listdir(first.path):
         if not (_FAN_RE.match(second.name) and second.is_dir(follow_symlinks=False)):
             continue
-        for f in _listdir(second.path):
-            if f.name.startswith(TMP_PREFIX):
-                stale += _drop_if_stale(f, now)
-                continue
-            key = key_of_name(first.name, second.name, f.name)
-            if key is None:
-                continue
-            try:
-                st = f.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # evicted by another process meanwhile
-            if f.is_file(follow_symlinks=False):
-                entries.append(Entry(key, st.st_size, st.st_mtime))
+        part, n = _scan_leaf(first.name, second.name, second.path, now)
+        entries.extend(part)
+        stale += n
+    return entries, stale
+
+
+def _scan_leaf(d1: str, d2: str, path: str, now: float) -> tuple[list[Entry], int]:
+    """The blocks in one leaf directory ``<d1>/<d2>``, and the stale temp files removed."""
+    entries: list[Entry] = []
+    stale = 0
+    for f in _listdir(path):
+        if f.name.startswith(TMP_PREFIX):
+            stale += _drop_if_stale(f, now)
+            continue
+        key = key_of_name(d1, d2, f.name)
+        if key is None:
+            continue
+        try:
+            st = f.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # evicted by another process meanwhile
+        if f.is_file(follow_symlinks=False):
+            entries.append(Entry(key, st.st_size, st.st_mtime))
     return entries, stale
 
 

@@ -17,6 +17,7 @@ share one directory.  The index is rebuilt at open by walking the tree.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from kvtier.spec import (
     hookimpl,
 )
 
+from ._fsindex import load_index, save_index
 from ._fslayout import (
     DIRECT_MIN,
     Entry,
@@ -47,6 +49,8 @@ from ._fslayout import (
     run_batch,
 )
 from ._fsscan import scan_local, scan_remote
+
+log = logging.getLogger("kvtier.backends.fs")
 
 __all__ = ["FsBackend"]
 
@@ -169,6 +173,9 @@ class FsBackend:
         self._evicted_bytes = 0
         self._found_on_disk = 0
         self._stale_tmp_removed = 0
+        # leaf directories listed again at open because the index file was
+        # older than them; -1: no usable index, the whole tree was scanned
+        self._leaves_rescanned = -1
 
     # lifecycle ------------------------------------------------------------
     @hookimpl
@@ -217,23 +224,32 @@ class FsBackend:
         with self._lock:
             self._store, self._pool = store, pool
         try:
-            entries, stale = store.scan(lambda fn, items: self._map(fn, items, "scan"))
+            mapper = lambda fn, items: self._map(fn, items, "scan")  # noqa: E731
+            # a local tier's index file spares the stat of every block (see _fsindex)
+            loaded = load_index(store, mapper) if isinstance(store, LocalStore) else None
+            if loaded is None:
+                entries, stale = store.scan(mapper)
         except BaseException as exc:
             if pool is not None:
                 pool.shutdown(wait=True)
             self._pool = None
             self._raise(exc, "scan")
-        self._rebuild(entries, stale)
+        if loaded is not None:
+            self._adopt(*loaded)
+        else:
+            self._rebuild(entries, stale)
 
     def _rebuild(self, entries: list[Entry], stale: int) -> None:
         # after a restart the order of use is lost: file age is the best guess
         entries.sort(key=lambda e: e.mtime)
+        self._adopt(OrderedDict((e.key, e.size) for e in entries), stale, -1)
+
+    def _adopt(self, index: OrderedDict[bytes, int], stale: int, rescanned: int) -> None:
         with self._lock:
-            self._index.clear()
-            for e in entries:
-                self._index[e.key] = e.size
-            self._used = sum(self._index.values())
+            self._index = index
+            self._used = sum(index.values())
             self._stale_tmp_removed += stale
+            self._leaves_rescanned = rescanned
             self._state = "open"
 
     @hookimpl
@@ -264,6 +280,7 @@ class FsBackend:
                 "evicted_bytes": self._evicted_bytes,
                 "found_on_disk": self._found_on_disk,
                 "stale_tmp_removed": self._stale_tmp_removed,
+                "leaves_rescanned": self._leaves_rescanned,
             }
             if self._capacity is not None:
                 stats["capacity_bytes"] = self._capacity
@@ -276,11 +293,32 @@ class FsBackend:
                 return
             self._state = "closed"
             pool, self._pool = self._pool, None
+            keys, sizes = list(self._index), list(self._index.values())
             self._index.clear()
         # Every block answered True was renamed into place (or piped) before
         # put returned, so nothing is left to flush; just let workers finish.
-        if pool is not None:
-            pool.shutdown(wait=True)
+        try:
+            if isinstance(self._store, LocalStore):
+                self._save_index(keys, sizes, pool)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+    def _save_index(self, keys: list[bytes], sizes: list[int],
+                    pool: ThreadPoolExecutor | None) -> None:
+        """Leave the index for the next open; a failure only costs that open a full scan."""
+        assert isinstance(self._store, LocalStore)
+
+        def mapper(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+            if pool is None or len(items) <= 1:
+                return [fn(x) for x in items]
+            return run_batch(pool, self._threads, fn, items)
+
+        try:
+            save_index(self._store, keys, sizes, mapper, self._fsync)
+        except OSError as exc:
+            log.warning("fs tier %s: index not saved (%s); the next open scans the tree",
+                        self._url, exc)
 
     def _check_not_closed(self) -> None:
         if self._state == "closed":
