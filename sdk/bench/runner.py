@@ -7,8 +7,10 @@ fresh keys.  In the same rounds, on the same blocks, it times what the medium
 does with no kvtier at all:
 
 * ``host``: ``memcpy`` into preallocated buffers;
-* ``fs`` (local paths): plain Python ``open``/``write``/``readinto`` of one
-  file per block in a directory beside the tier's, with the tier's ``fsync``;
+* ``fs`` (local paths): plain Python ``open``/``write`` of a temp file and
+  ``rename`` into place, ``readinto`` back, one file per block in a directory
+  beside the tier's, with the tier's ``fsync``; reads also with ``O_DIRECT``,
+  and both again after the files were dropped from the page cache;
 * ``object``: ``obstore.put``/``obstore.get`` against the same bucket, one
   request at a time and ``concurrency`` at a time;
 * ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
@@ -178,12 +180,16 @@ class FileRaw(Raw):
         root.mkdir(parents=True, exist_ok=True)
 
     def put(self, names: list[str], blocks: list[memoryview]) -> None:
+        # a temp file renamed into place: the least any store that readers may
+        # share while it writes must do, so that no one reads half a block
         for name, block in zip(names, blocks):
-            with open(self.root / name, "wb") as f:
+            tmp = self.root / f".tmp-{name}"
+            with open(tmp, "wb") as f:
                 f.write(block)
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
+            os.rename(tmp, self.root / name)
         if self.fsync:
             fd = os.open(self.root, os.O_RDONLY)
             try:
