@@ -46,6 +46,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from kvtier.bench.first import first_use
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
 from kvtier.config.loader import ChainConfig, MetricsConfig, TierConfig, load_config
@@ -148,6 +149,8 @@ class MemcpyRaw(Raw):
     def __init__(self) -> None:
         self.slots: dict[str, bytearray] = {}
         self.spare: list[bytearray] = []
+        # first use is timed in a child process, beside the tier there (kvtier.bench.first)
+        self.reports = ("put", "get", "put-first", "get-first")
 
     def prepare(self, count: int, size: int) -> None:
         # preallocated and touched, so the copy never pays for page faults
@@ -327,7 +330,7 @@ class Plan:
         """The operations reported: every tier's put and get, and what only some media have."""
         ops: tuple[str, ...] = ("put", "get")
         if self.tier.backend == "host":
-            # a tier opened for the round: its first blocks land in memory never used before
+            # a tier opened in a new process: its first blocks land in memory never used
             ops += ("put-first", "get-first")
         if self.files is not None:
             ops += ("get-uncached",)
@@ -460,9 +463,12 @@ def _check(outs: Sequence[memoryview], blocks: Sequence[bytes]) -> int:
     return sum(out != block for out, block in zip(outs, blocks))
 
 
-#: What a raw ceiling's figures of an operation are for a kvtier operation
-#: without a ceiling of its own: a first use is held to the warm ceiling.
-_RAW_OP = {"put-first": "put", "get-first": "get"}
+def _entry_of(tier: TierConfig) -> dict[str, Any]:
+    """The chain entry a validated tier came from (options parsed, defaults filled)."""
+    entry = {k: v for k, v in tier.options.items() if v is not None}
+    entry.update(name=tier.name, backend=tier.backend, codec=tier.codec,
+                 codec_level=tier.codec_level, verify=tier.verify)
+    return entry
 
 
 @dataclass
@@ -485,20 +491,19 @@ class _Round:
             buf[:1] = b"\0"  # a skipped read cannot pass the check
 
 
-def _kvtier_round(chain: Chain, plan: Plan, r: _Round, fresh: bool) -> tuple[dict[str, float], int]:
+def _kvtier_round(chain: Chain, plan: Plan, r: _Round) -> tuple[dict[str, float], int]:
     """Time kvtier's put and get (and uncached get) of one round; count what went wrong."""
     n = len(r.keys)
     times: dict[str, float] = {}
-    suffix = "-first" if fresh else ""
     start = time.perf_counter()
     stored = chain.put(r.keys, r.blocks)
-    times["put" + suffix] = time.perf_counter() - start
+    times["put"] = time.perf_counter() - start
     r.clear_outs()
     start = time.perf_counter()
     found = chain.get(r.keys, r.outs)
-    times["get" + suffix] = time.perf_counter() - start
+    times["get"] = time.perf_counter() - start
     bad = (n - sum(stored)) + (n - sum(found)) + r.check()
-    if plan.files is not None and not fresh:
+    if plan.files is not None:
         drop_page_cache(sorted(plan.files.rglob("*.kvb")))
         r.clear_outs()
         start = time.perf_counter()
@@ -559,14 +564,18 @@ def _measure_tier(plan: Plan, settings: BenchSettings, namespace: Namespace,
                 order.reverse()
             for who in order:
                 if who == -2:
-                    fresh = Chain(_chain_of(tier), namespace, job_workers=1)
-                    try:
-                        times, wrong = _kvtier_round(fresh, plan, r, fresh=True)
-                    finally:
-                        fresh.close()
-                    series, label = kv, "kvtier"
+                    # a process of its own: a tier opened where no other ran before it
+                    got = first_use(_entry_of(tier), n, size, kvtier_first=rnd % 2 == 0)
+                    bad["kvtier"] += got["kvtier"].pop("wrong")
+                    for raw, rs in zip(raws, raw_series):
+                        if isinstance(raw, MemcpyRaw):
+                            bad[raw.label] += got["memcpy"].pop("wrong")
+                            for op, seconds in got["memcpy"].items():
+                                if rnd > 0:
+                                    rs[op].seconds.append(seconds)
+                    times, wrong, series, label = got["kvtier"], 0, kv, "kvtier"
                 elif who == -1:
-                    times, wrong = _kvtier_round(chain, plan, r, fresh=False)
+                    times, wrong = _kvtier_round(chain, plan, r)
                     series, label = kv, "kvtier"
                 else:
                     times, wrong = _raw_round(raws[who], r)
@@ -585,7 +594,7 @@ def _measure_tier(plan: Plan, settings: BenchSettings, namespace: Namespace,
 
 def _row(plan: Plan, op: str, kv: Series, raws: list[Raw], raw_series: list[dict[str, Series]],
          bad: dict[str, int], n: int, size: int) -> dict[str, Any]:
-    raw_op = _RAW_OP.get(op, op)
+    raw_op = op
     row: dict[str, Any] = {
         "tier": plan.tier.name, "backend": plan.tier.backend, "op": op,
         "block_size": size, "blocks_per_call": n,
