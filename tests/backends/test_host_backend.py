@@ -57,7 +57,8 @@ def test_entry_point_options_and_hooks() -> None:
     optional = ("kvtier_put_parts", "kvtier_get_into", "kvtier_tamper")
     assert all(handle.implements(hook) for hook in optional)
     opts = handle.options()
-    assert set(opts) == {"capacity", "eviction", "max_block_size"}
+    assert set(opts) == {"capacity", "eviction", "max_block_size", "prefault"}
+    assert opts["prefault"].type == "size" and opts["prefault"].default == "128MiB"
     assert opts["capacity"].type == "size" and opts["capacity"].required
     assert opts["capacity"].help
     assert opts["eviction"].type == "str"
@@ -788,3 +789,19 @@ def test_use_before_open_and_double_open() -> None:
     with pytest.raises(KvtierError, match="already open"):
         handle.open({"capacity": 10}, NS)
     handle.close()
+
+
+@pytest.mark.parametrize("prefault", [0, "0", "1MiB", "1GiB"])
+def test_prefault_sizes_are_accepted_and_change_no_data(prefault: object) -> None:
+    handle = open_host("8MiB", prefault=prefault)  # capped at the capacity
+    try:
+        assert handle.put([b"a"], [b"x" * 1000], []) == [True]
+        assert [bytes(b) for b in handle.get([b"a"])] == [b"x" * 1000]
+    finally:
+        handle.close()
+
+
+def test_prefault_that_is_not_a_size_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_host("8MiB", prefault="lots")
+    assert info.value.key == "prefault"
