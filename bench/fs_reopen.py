@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier import Namespace
-from kvtier.blockformat import Codec, encode
+from kvtier.block.framing import Codec, encode
 
 NAMESPACE = Namespace("fs-reopen-bench", dtype="bfloat16", tokens_per_block=16)
 PAYLOAD = 64
@@ -71,7 +71,7 @@ def create(root: Path, count: int, start: int = 0) -> int:
 
 def child(root: str, close: bool) -> None:
     """Open the tier, print what it took as JSON (run in a fresh process)."""
-    from kvtier.registry import default_registry
+    from kvtier.plugins.registry import default_registry
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     handle = default_registry().create("fs")

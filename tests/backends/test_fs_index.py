@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from kvtier.backends import _fsindex
-from kvtier.registry import BackendHandle, default_registry
+from kvtier.plugins.registry import BackendHandle, default_registry
 
 NS = "00112233445566778899aabbccddeeff"
 
