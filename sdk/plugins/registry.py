@@ -47,6 +47,7 @@ DISABLE_ENV = "KVTIER_DISABLE_PLUGINS"
 #: Backends people look for that another distribution provides.
 INSTALL_HINTS = {
     "object": "pip install 'kvtier[s3]'",
+    "redis": "pip install kvtier-redis",
 }
 
 _HOOK_NAMES = frozenset(n for n in dir(hookspecs) if n.startswith("kvtier_"))

@@ -11,22 +11,55 @@ contract before the test looks at its content.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
 from kvtier import Chain, Namespace, open_chain
 from kvtier.plugins.registry import BackendHandle
-from kvtier.spec import BytesLike, Capabilities, PluginError
+from kvtier.spec import BytesLike, Capabilities, PluginError, hookspecs
 
-from .groups import missing_capability
+from .footprint import Footprint
+from .groups import GROUPS, missing_capability
 from .resolve import resolve_backend, validate_options
 
-__all__ = ["KitBackend", "KitBase"]
+__all__ = ["KitBackend", "KitBase", "hook_names", "kit_group"]
+
+C = TypeVar("C", bound=type)
+
+#: The marker every test of the kit carries; the plugin registers it.
+MARKER = "kvtier_group"
+
+
+def kit_group(name: str) -> Callable[[C], C]:
+    """Class decorator: every ``test_*`` method defined in the class belongs to group ``name``.
+
+    The mark goes on the methods, not the class: the groups are mixins of one
+    class, and a class-level ``pytestmark`` would be inherited by all of them.
+    """
+    if name not in GROUPS:
+        raise ValueError(f"unknown kit group {name!r}; known: {', '.join(GROUPS)}")
+    mark = getattr(pytest.mark, MARKER)(name)
+
+    def decorate(cls: C) -> C:
+        for attr, value in list(vars(cls).items()):
+            if attr.startswith("test_") and callable(value):
+                setattr(cls, attr, mark(value))
+        return cls
+
+    return decorate
+
+
+def hook_names(handle: BackendHandle) -> frozenset[str]:
+    """The hooks ``handle``'s instance implements, as the registry validated them."""
+    return frozenset(
+        name for name in dir(hookspecs) if name.startswith("kvtier_") and handle.implements(name)
+    )
 
 
 def _as_bytes(value: object, what: str) -> bytes:
@@ -52,6 +85,17 @@ class KitBackend:
         self.namespace = namespace
         self.caps = Capabilities()
         self.closed = False
+        self.hooks = hook_names(handle)
+        #: Keys this instance's puts answered True for, so teardown can remove them.
+        self.footprint: Footprint | None = None
+
+    def implements(self, hook: str) -> bool:
+        """Whether the backend implements optional ``hook`` (``"kvtier_get_into"``)."""
+        return hook in self.hooks
+
+    def _stored(self, keys: Sequence[bytes], flags: Sequence[bool]) -> None:
+        if self.footprint is not None:
+            self.footprint.add(self.namespace, (k for k, f in zip(keys, flags) if f))
 
     def _answer(self, hook: str, answer: object, n: int) -> list[Any]:
         if not isinstance(answer, Sequence) or isinstance(answer, (str, bytes, bytearray)):
@@ -93,6 +137,7 @@ class KitBackend:
         raw: list[tuple[bytes, BytesLike]] = []
         flags = self._flags("kvtier_put", self.handle.put(keys, blocks, raw), len(keys))
         self._evicted(raw, evicted)
+        self._stored(keys, flags)
         return flags
 
     def put_parts(
@@ -101,11 +146,12 @@ class KitBackend:
         parts: Sequence[Sequence[BytesLike]],
         evicted: list[tuple[bytes, bytes]] | None = None,
     ) -> list[bool]:
-        """``kvtier_put_parts``; the test checks ``handle.implements`` first."""
+        """``kvtier_put_parts`` (the test must check ``implements("kvtier_put_parts")`` first)."""
         raw: list[tuple[bytes, BytesLike]] = []
         answer = self.handle.put_parts(keys, parts, raw)
         flags = self._flags("kvtier_put_parts", answer, len(keys))
         self._evicted(raw, evicted)
+        self._stored(keys, flags)
         return flags
 
     def get_raw(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
@@ -122,7 +168,7 @@ class KitBackend:
     def get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> list[int | None]:
-        """``kvtier_get_into``; the test checks ``handle.implements`` first."""
+        """``kvtier_get_into`` (the test must check ``implements("kvtier_get_into")`` first)."""
         sizes = self._answer("kvtier_get_into", self.handle.get_into(keys, buffers), len(keys))
         for size in sizes:
             if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
@@ -180,8 +226,6 @@ class KitBase:
 
     #: An entry-point name (``"host"``) or an import path (``"pkg.module:Factory"``).
     backend: ClassVar[str] = ""
-    #: How many times crash safety kills a writer and checks what survived.
-    crash_rounds: ClassVar[int] = 3
     #: Hypothesis budget of the stateful group: examples, and steps per example.
     stateful_max_examples: ClassVar[int] = 50
     stateful_step_count: ClassVar[int] = 30
@@ -200,6 +244,7 @@ class KitBase:
     rng: random.Random
     _opened: list[KitBackend]
     _chains: list[Chain]
+    _footprint: Footprint
 
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:
@@ -208,7 +253,7 @@ class KitBase:
 
     @pytest.fixture(autouse=True)
     def _kvtier_kit(self, request: pytest.FixtureRequest) -> Iterator[None]:
-        marker = request.node.get_closest_marker("kvtier_group")
+        marker = request.node.get_closest_marker(MARKER)
         group = str(marker.args[0]) if marker is not None and marker.args else ""
         if not self.backend:
             raise PluginError(
@@ -222,20 +267,33 @@ class KitBase:
         self.rng = random.Random(hashlib.blake2b(name, digest_size=8).digest())
         self._opened = []
         self._chains = []
+        self._footprint = Footprint()
         try:
             self.store = self.open_backend()
             self.caps = self.store.caps
-            reason = missing_capability(
-                group, self.backend, self.caps, self.store.handle.implements("kvtier_tamper")
-            )
+            reason = missing_capability(group, self.backend, self.caps, self.store.hooks)
         except BaseException:
             self._close_all()
             raise
         if reason is not None:
             self._close_all()
             pytest.skip(reason)
-        yield
-        self._close_all()
+        try:
+            yield
+        finally:
+            try:
+                self._close_all()
+            finally:
+                self._remove_footprint()
+
+    @pytest.fixture(name="store")
+    def _kvtier_store(self, _kvtier_kit: None) -> KitBackend:
+        """The instance opened for this test, as a fixture: ``def test_x(self, store)``.
+
+        The same object as ``self.store`` when the test starts; after
+        :meth:`reopen` use what it returns.
+        """
+        return self.store
 
     def _kvtier_raw_options(self, request: pytest.FixtureRequest) -> dict[str, Any]:
         try:
@@ -264,11 +322,35 @@ class KitBase:
         if errors:
             raise errors[0]
 
+    def _remove_footprint(self) -> None:
+        """Evict every key the test stored, in every namespace it used.
+
+        Best effort: the test's verdict is about what it checked, and a
+        backend that cannot evict fails the groups that say so.
+        """
+        for namespace, keys in self._footprint.take().items():
+            try:
+                kit = self.new_backend()
+                kit.namespace = namespace
+                kit.handle.open(self.options, namespace)
+                for start in range(0, len(keys), 256):
+                    kit.handle.evict(keys[start : start + 256])
+            except Exception:  # cleanup must not mask the test's outcome
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    self._close_all()
+
+    def remember_stored(self, namespace: str, keys: Sequence[bytes]) -> None:
+        """Record keys stored behind the kit's back (a chain, a child process) for teardown."""
+        self._footprint.add(namespace, keys)
+
     # helpers for groups and for authors' own tests ------------------------------
     def new_backend(self) -> KitBackend:
         """A fresh, validated instance that is not opened yet (closed at teardown)."""
         registry, name = resolve_backend(self.backend)
         kit = KitBackend(registry.create(name), self.backend, "")
+        kit.footprint = self._footprint
         self._opened.append(kit)
         return kit
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from .base import KitBase
+from .base import KitBase, kit_group
 from .data import MIB, block_for, describe, key_of
 
 __all__ = ["CapacityTests"]
-
-group = pytest.mark.kvtier_group("capacity")
 
 #: Largest capacity the kit fills (three times over) in a test.
 MAX_FILLED_CAPACITY = 64 * MIB
 
 
+@kit_group("capacity")
 class CapacityTests(KitBase):
     """Runs when ``Capabilities.capacity`` is declared."""
 
@@ -28,18 +27,49 @@ class CapacityTests(KitBase):
             )
         return cap
 
-    def _capacity_present(self, keys: list[bytes]) -> list[bool]:
-        # lookup is cheaper; a backend whose lookup may be stale is asked with get
-        if self.lookup_exact:
-            return self.store.lookup(keys)
-        return [block is not None for block in self.store.get(keys)]
+    def _capacity_present(self, keys: list[bytes], note: str) -> list[bool]:
+        """Which ``keys`` are stored, asked with lookup (cheaper), or get for a stale lookup.
+
+        A lookup is no access: it must change neither what is stored nor what
+        it counts against the capacity, so the kit can observe with it.
+        """
+        if not self.lookup_exact:
+            return [block is not None for block in self.store.get(keys)]
+        before = self._capacity_held()
+        found = self.store.lookup(keys)
+        after = self._capacity_held()
+        for name in before.keys() & after.keys():
+            assert before[name] == after[name], (
+                f"{note}: kvtier_lookup of {len(keys)} keys changed stats()[{name!r}] from "
+                f"{before[name]} to {after[name]}; this capacity failure is caused by lookup: "
+                "a lookup is not an access that costs capacity or evicts"
+            )
+        return found
+
+    def _capacity_held(self) -> dict[str, int | float]:
+        stats = self.store.stats()
+        return {k: stats[k] for k in ("used_bytes", "blocks") if k in stats}
+
+    def _capacity_lookup_culprit(self, keys: list[bytes]) -> str:
+        """Words naming kvtier_lookup if a lookup alone removes blocks get finds, else ""."""
+        if not self.lookup_exact or not keys:
+            return ""
+        before = [k for k, b in zip(keys, self.store.get(keys)) if b is not None]
+        self.store.lookup(keys)
+        after = {k for k, b in zip(before, self.store.get(before)) if b is not None}
+        gone = [k for k in before if k not in after]
+        if not gone:
+            return ""
+        return (
+            f"; this capacity failure is caused by lookup: a kvtier_lookup alone removed "
+            f"{len(gone)} blocks ({gone[:2]}), unreported: a lookup must not evict"
+        )
 
     def _capacity_used_within(self, cap: int, note: str) -> None:
         used = self.store.stats().get("used_bytes")
         if used is not None:
             assert used <= cap, f"{note}: stats() reports used_bytes={used} > capacity {cap}"
 
-    @group
     def test_capacity_holds_and_evictions_are_reported(self) -> None:
         cap = self._capacity_or_skip(MAX_FILLED_CAPACITY)
         caps, rng, store = self.caps, self.rng, self.store
@@ -77,7 +107,8 @@ class CapacityTests(KitBase):
             put_bytes += sum(sizes)
             candidates = {**model, **dict(zip(keys, blocks))}
             order = sorted(candidates)
-            now = {k for k, here in zip(order, self._capacity_present(order)) if here}
+            present = self._capacity_present(order, f"step {step}")
+            now = {k for k, here in zip(order, present) if here}
             held = sum(len(candidates[k]) for k in now)
             assert held <= cap, (
                 f"step {step}: {held} bytes of blocks are stored, more than the capacity {cap}"
@@ -94,8 +125,10 @@ class CapacityTests(KitBase):
             vanished = set(candidates) - now
             if not silent:
                 unreported = sorted(vanished - set(reported))
+                culprit = self._capacity_lookup_culprit(sorted(now)) if unreported else ""
                 assert not unreported, (
-                    f"step {step}: {unreported[:3]} vanished without being reported in evicted"
+                    f"step {step}: {unreported[:3]} vanished without being reported in "
+                    f"evicted{culprit}"
                 )
                 still_there = sorted(set(reported) & now)
                 assert not still_there, (
@@ -113,7 +146,6 @@ class CapacityTests(KitBase):
                 f"at the end, get({key!r}) returned {describe(model[key], data)}"
             )
 
-    @group
     def test_block_larger_than_capacity_is_refused(self) -> None:
         cap = self._capacity_or_skip(256 * MIB)
         small = [key_of("fits", i) for i in range(2)]

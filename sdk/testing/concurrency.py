@@ -6,16 +6,13 @@ import random
 import threading
 from typing import ClassVar
 
-import pytest
-
-from .base import KitBase
+from .base import KitBase, kit_group
 from .data import block_for, describe, key_of, size_for
 
 __all__ = ["ConcurrencyTests"]
 
-group = pytest.mark.kvtier_group("concurrency")
 
-
+@kit_group("concurrency")
 class ConcurrencyTests(KitBase):
     """Runs when the backend declares ``thread_safe=True``.
 
@@ -29,7 +26,6 @@ class ConcurrencyTests(KitBase):
     #: Operations per thread.
     concurrency_steps: ClassVar[int] = 150
 
-    @group
     def test_threads_on_overlapping_keys(self) -> None:
         store, limit, n = self.store, self.block_limit(), self.concurrency_threads
         shared = [key_of("shared", i) for i in range(16)]

@@ -17,12 +17,10 @@ import pytest
 
 from kvtier import Chain
 
-from .base import KitBase
+from .base import KitBase, kit_group
 from .data import block_for, describe, key_of
 
 __all__ = ["CorruptionTests"]
-
-group = pytest.mark.kvtier_group("corruption")
 
 #: Size of the blocks the group damages (small enough for any capacity).
 SIZE = 3000
@@ -59,13 +57,13 @@ def _damages(namespace: bytes, other: bytes) -> dict[str, Callable[[bytes], byte
 DAMAGES = list(_damages(b"", b""))
 
 
+@kit_group("corruption")
 class CorruptionTests(KitBase):
     """Runs when the backend implements ``kvtier_tamper``."""
 
     def _corruption_count(self, chain: Chain) -> int:
         return int(chain.stats()["tiers"][0]["corrupt"])
 
-    @group
     @pytest.mark.parametrize("damage", DAMAGES)
     def test_damaged_block_is_a_counted_miss(self, damage: str) -> None:
         self.store.close()  # the chain opens its own instance on the same store
@@ -111,6 +109,5 @@ class CorruptionTests(KitBase):
         for key, want, got in zip(neighbours, wanted, chain.get_bytes(neighbours)):
             assert got == want, f"{damage}: get_bytes({key!r}) returned {describe(want, got)}"
 
-    @group
     def test_tamper_of_an_unknown_key_answers_false(self) -> None:
         assert self.store.tamper(key_of("tamper", 99), lambda b: b) is False

@@ -22,6 +22,7 @@ __all__ = [
     "MIB",
     "block_for",
     "crash_key",
+    "crash_plan",
     "crash_size",
     "describe",
     "key_of",
@@ -75,6 +76,21 @@ def crash_size(index: int, limit: int) -> int:
     """Size of crash block ``index``: varied from 1 byte to a few MiB, at most ``limit``."""
     sizes = (3 * MIB + 17, 1, 4096, 1 * MIB, 65_536, 2 * MIB - 1, 100, 512 * KIB + 5)
     return max(1, min(sizes[index % len(sizes)], limit))
+
+
+def crash_plan(limit: int) -> list[list[tuple[int, int]]]:
+    """The puts of a steps writer: per put, ``(index, size)`` of its blocks, at most ``limit``.
+
+    A large block alone, a small one beside a medium one, then a large one:
+    each put's I/O differs, and the sizes cross buffer and page boundaries.
+    """
+    sizes = [[256 * KIB + 5], [100, 65_536 + 3], [MIB + 17]]
+    plan: list[list[tuple[int, int]]] = []
+    index = 0
+    for batch in sizes:
+        plan.append([(index + i, max(1, min(size, limit))) for i, size in enumerate(batch)])
+        index += len(batch)
+    return plan
 
 
 def describe(expected: bytes | None, got: bytes | None) -> str:

@@ -1,12 +1,30 @@
-"""The kit's groups and the capability each one needs (no pytest import: the CLI uses it)."""
+"""The kit's groups and what each one needs of a backend (no pytest import: the CLI uses it).
+
+A group that needs something has a :class:`Gate`: a predicate over what an
+open instance declares (its :class:`~kvtier.spec.Capabilities`) and the hooks
+it implements, plus the words a report shows.  Adding a group is one name in
+:data:`GROUPS`, its gate in :data:`GATES` if it has one, and a mixin class
+decorated with :func:`kvtier.testing.base.kit_group` added to
+:class:`~kvtier.testing.BackendTests`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from kvtier.spec import Capabilities
 
-__all__ = ["GROUPS", "REQUIREMENTS", "SETTINGS", "missing_capability"]
+__all__ = [
+    "GATES",
+    "GROUPS",
+    "REQUIREMENTS",
+    "SETTINGS",
+    "Gate",
+    "declares",
+    "implements",
+    "missing_capability",
+]
 
 #: The kit's groups, in the order a report lists them.
 GROUPS: tuple[str, ...] = (
@@ -22,32 +40,69 @@ GROUPS: tuple[str, ...] = (
     "lifecycle",
 )
 
-#: What a group needs the backend to declare; groups not listed need nothing.
-REQUIREMENTS: Mapping[str, str] = {
-    "capacity": "capacity=<bytes>",
-    "persistence": "persistent=True",
-    "crash_safety": "persistent=True",
-    "concurrency": "thread_safe=True",
-    "corruption": "kvtier_tamper",
+
+@dataclass(frozen=True)
+class Gate:
+    """What a group needs: ``holds(caps, hooks)`` is true when the group applies.
+
+    ``needs`` is the requirement as reports print it (``persistent=True``);
+    ``missing`` completes "backend 'NAME' ..." when it does not hold.
+    """
+
+    needs: str
+    missing: str
+    holds: Callable[[Capabilities, Collection[str]], bool]
+
+
+def declares(flag: str) -> Gate:
+    """A gate on a boolean of :class:`~kvtier.spec.Capabilities` (``persistent``)."""
+    if not isinstance(getattr(Capabilities(), flag, None), bool):
+        raise ValueError(f"Capabilities has no boolean {flag!r}")
+    return Gate(
+        f"{flag}=True",
+        f"does not declare {flag}=True",
+        lambda caps, hooks: bool(getattr(caps, flag)),
+    )
+
+
+def implements(hook: str) -> Gate:
+    """A gate on an optional hook (``kvtier_tamper``) being implemented."""
+    return Gate(hook, f"does not implement {hook}", lambda caps, hooks: hook in hooks)
+
+
+#: What a group needs the backend to declare or implement; groups not listed need nothing.
+GATES: Mapping[str, Gate] = {
+    "capacity": Gate(
+        "capacity=<bytes>", "declares no capacity", lambda caps, hooks: caps.capacity is not None
+    ),
+    "persistence": declares("persistent"),
+    "crash_safety": declares("persistent"),
+    "concurrency": declares("thread_safe"),
+    "corruption": implements("kvtier_tamper"),
 }
 
+#: The requirement of each gated group, as reports print it.
+REQUIREMENTS: Mapping[str, str] = {group: gate.needs for group, gate in GATES.items()}
 
-def missing_capability(group: str, label: str, caps: Capabilities, has_tamper: bool) -> str | None:
-    """Why ``group`` does not apply to a backend, or None when it does."""
-    need = REQUIREMENTS.get(group)
-    if need is None:
+
+def missing_capability(
+    group: str, label: str, caps: Capabilities, hooks: Collection[str]
+) -> str | None:
+    """Why ``group`` does not apply to a backend, or None when it does.
+
+    ``hooks`` names the hooks the instance implements.
+    """
+    gate = GATES.get(group)
+    if gate is None or gate.holds(caps, hooks):
         return None
-    if need == "kvtier_tamper":
-        return None if has_tamper else f"backend {label!r} does not implement kvtier_tamper"
-    if need.startswith("capacity"):
-        return None if caps.capacity is not None else f"backend {label!r} declares no capacity"
-    flag = need.split("=", 1)[0]
-    return None if getattr(caps, flag) else f"backend {label!r} does not declare {need}"
+    return f"backend {label!r} {gate.missing}"
+
 
 #: Class attributes of ``BackendTests`` that tune the kit, with their types;
 #: ``kvtier conformance --setting NAME=VALUE`` accepts exactly these.
 SETTINGS: Mapping[str, type] = {
     "crash_rounds": int,
+    "crash_points": int,
     "crash_max_bytes": int,
     "stateful_max_examples": int,
     "stateful_step_count": int,

@@ -11,12 +11,10 @@ import pytest
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import Capabilities, ClosedError, Option, OptionType, PluginError
 
-from .base import KitBase
+from .base import KitBase, kit_group
 from .data import block_for, key_of
 
 __all__ = ["LifecycleTests"]
-
-group = pytest.mark.kvtier_group("lifecycle")
 
 _KEY = b"kit/closed"
 _OPTION_TYPES = frozenset(typing.get_args(OptionType))
@@ -43,17 +41,16 @@ AFTER_CLOSE: dict[str, Callable[[BackendHandle, KitBase], object]] = {
 }
 
 
+@kit_group("lifecycle")
 class LifecycleTests(KitBase):
     """Runs for every backend."""
 
-    @group
     def test_close_is_idempotent(self) -> None:
         handle = self.store.handle
         self.store.close()
         handle.close()  # a second close does nothing, and does not raise
         handle.close()
 
-    @group
     @pytest.mark.parametrize("hook", list(AFTER_CLOSE))
     def test_hook_after_close_raises_closed_error(self, hook: str) -> None:
         handle = self.store.handle
@@ -65,7 +62,6 @@ class LifecycleTests(KitBase):
         with pytest.raises(ClosedError):
             AFTER_CLOSE[hook](handle, self)
 
-    @group
     def test_options_are_option_values(self) -> None:
         declared = self.store.handle.options()
         assert isinstance(declared, Mapping), f"kvtier_options answered {type(declared).__name__}"
@@ -80,7 +76,6 @@ class LifecycleTests(KitBase):
         fresh = self.new_backend().handle.options()
         assert set(fresh) == set(declared), "kvtier_options differs before and after open"
 
-    @group
     def test_capabilities_is_a_capabilities(self) -> None:
         try:
             caps = self.store.handle.capabilities()
@@ -98,7 +93,6 @@ class LifecycleTests(KitBase):
                 f"stats() capacity_bytes={reported} but Capabilities.capacity={caps.capacity}"
             )
 
-    @group
     def test_namespaces_are_isolated(self) -> None:
         key = key_of("ns", 0)
         mine = block_for(key, 500)
@@ -113,7 +107,6 @@ class LifecycleTests(KitBase):
         assert other.evict([key]) == [True]
         assert self.store.get([key]) == [mine], "another namespace's evict removed this block"
 
-    @group
     def test_close_then_open_a_new_instance(self) -> None:
         key = key_of("reuse", 0)
         assert self.store.put([key], [block_for(key, 64)]) == [True]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-
-from .base import KitBase
+from .base import KitBase, kit_group
 from .data import block_for, describe, key_of, size_for
 
 __all__ = ["EvictTests", "LookupTests"]
 
-lookup_group = pytest.mark.kvtier_group("lookup")
-evict_group = pytest.mark.kvtier_group("evict")
 
-
+@kit_group("lookup")
 class LookupTests(KitBase):
     """``kvtier_lookup`` answers True exactly where ``kvtier_get`` hits."""
 
@@ -31,13 +27,11 @@ class LookupTests(KitBase):
                     f"{'a hit' if data is not None else 'a miss'}"
                 )
 
-    @lookup_group
     def test_lookup_of_unknown_keys(self) -> None:
         keys = [key_of("unknown", i) for i in range(5)]
         assert self.store.lookup(keys) == [False] * 5
         assert self.store.get(keys) == [None] * 5
 
-    @lookup_group
     def test_lookup_agrees_with_get_after_random_operations(self) -> None:
         universe = [key_of("agree", i) for i in range(40)]
         limit = self.block_limit()
@@ -63,13 +57,13 @@ class LookupTests(KitBase):
                 self._lookup_agree(batch, model, f"step {step}")
         self._lookup_agree(universe, model, "after 120 random operations")
 
-    @lookup_group
     def test_lookup_repeated_and_mixed(self) -> None:
         stored, missing = key_of("lk", 0), key_of("lk", 1)
         assert self.store.put([stored], [block_for(stored, 64)]) == [True]
         assert self.store.lookup([missing, stored, stored, missing]) == [False, True, True, False]
 
 
+@kit_group("evict")
 class EvictTests(KitBase):
     """``kvtier_evict`` removes exactly what it is asked to, once."""
 
@@ -78,7 +72,6 @@ class EvictTests(KitBase):
         assert self.store.put(keys, blocks) == [True] * len(keys)
         return blocks
 
-    @evict_group
     def test_evicted_keys_are_gone(self) -> None:
         keys = [key_of("evict", i) for i in range(6)]
         blocks = self._evict_put(keys)
@@ -89,14 +82,12 @@ class EvictTests(KitBase):
         for key, want, have in zip(keys, expected, got):
             assert have == want, f"after evict, get({key!r}) returned {describe(want, have)}"
 
-    @evict_group
     def test_evict_answers_true_exactly_once(self) -> None:
         key = key_of("once", 0)
         self._evict_put([key])
         assert self.store.evict([key]) == [True]
         assert self.store.evict([key]) == [False], "a second evict must answer False"
 
-    @evict_group
     def test_repeated_key_in_one_evict(self) -> None:
         key = key_of("once", 1)
         self._evict_put([key])
@@ -104,7 +95,6 @@ class EvictTests(KitBase):
             "a key repeated in one evict batch is removed by its first mention"
         )
 
-    @evict_group
     def test_evicting_unknown_keys_is_harmless(self) -> None:
         kept = [key_of("kept", i) for i in range(3)]
         blocks = self._evict_put(kept)
@@ -115,7 +105,6 @@ class EvictTests(KitBase):
         for key, want, have in zip(kept, expected, self.store.get(kept)):
             assert have == want, f"get({key!r}) returned {describe(want, have)}"
 
-    @evict_group
     def test_put_after_evict_stores_again(self) -> None:
         key = key_of("again", 1)
         block = self._evict_put([key])[0]
@@ -124,7 +113,6 @@ class EvictTests(KitBase):
         assert self.store.get([key]) == [block]
         assert self.store.lookup([key]) == [True]
 
-    @evict_group
     def test_evict_leaves_others_exact(self) -> None:
         keys = [key_of("many", i) for i in range(20)]
         sizes = [size_for(k, self.block_limit()) for k in keys]

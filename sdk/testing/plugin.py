@@ -18,6 +18,7 @@ _KIT_MODULES = (
     "capacity",
     "concurrency",
     "corruption",
+    "crash",
     "lifecycle",
     "lookup_evict",
     "persistence",

@@ -8,12 +8,10 @@ import pytest
 
 from kvtier.spec import BytesLike
 
-from .base import KitBase
+from .base import KitBase, kit_group
 from .data import KIB, MIB, block_for, describe, key_of
 
 __all__ = ["PutGetTests"]
-
-group = pytest.mark.kvtier_group("put_get")
 
 ROUND_TRIP_SIZES = {
     "1B": 1,
@@ -33,6 +31,7 @@ _SHAPES: dict[str, Callable[[bytes], BytesLike]] = {
 }
 
 
+@kit_group("put_get")
 class PutGetTests(KitBase):
     """``kvtier_put``/``kvtier_get`` and their zero-copy variants."""
 
@@ -46,7 +45,6 @@ class PutGetTests(KitBase):
         for key, want, have in zip(keys, expected, got):
             assert have == want, f"get({key!r}) returned {describe(want, have)}"
 
-    @group
     @pytest.mark.parametrize("size", list(ROUND_TRIP_SIZES.values()), ids=list(ROUND_TRIP_SIZES))
     def test_round_trip(self, size: int) -> None:
         self._put_get_fits(size)
@@ -56,7 +54,6 @@ class PutGetTests(KitBase):
         self._put_get_check([key], [block])
         assert self.store.lookup([key]) == [True]
 
-    @group
     def test_batch_with_hits_and_misses(self) -> None:
         keys = [key_of("mixed", i) for i in range(8)]
         stored = keys[::2]
@@ -69,14 +66,12 @@ class PutGetTests(KitBase):
         self._put_get_check([keys[i] for i in order], [expected[i] for i in order])
         assert self.store.lookup(keys) == [b is not None for b in expected]
 
-    @group
     def test_repeated_key_in_one_put(self) -> None:
         key, other = key_of("dup-put", 0), key_of("dup-put", 1)
         block, other_block = block_for(key, 300), block_for(other, 200)
         assert self.store.put([key, other, key], [block, other_block, block]) == [True] * 3
         self._put_get_check([key, other], [block, other_block])
 
-    @group
     def test_repeated_key_in_one_get(self) -> None:
         key, missing = key_of("dup-get", 0), key_of("dup-get", 1)
         block = block_for(key, 500)
@@ -84,7 +79,6 @@ class PutGetTests(KitBase):
         self._put_get_check([key, missing, key, missing, key], [block, None, block, None, block])
         assert self.store.lookup([key, key, missing, missing]) == [True, True, False, False]
 
-    @group
     def test_put_of_a_stored_key_answers_true(self) -> None:
         key = key_of("again", 0)
         block = block_for(key, 700)
@@ -92,19 +86,17 @@ class PutGetTests(KitBase):
         assert self.store.put([key], [block]) == [True], "a stored key must answer True again"
         self._put_get_check([key], [block])
 
-    @group
     def test_empty_batches(self) -> None:
         store = self.store
         assert store.put([], []) == []
         assert store.get([]) == []
         assert store.lookup([]) == []
         assert store.evict([]) == []
-        if store.handle.implements("kvtier_put_parts"):
+        if store.implements("kvtier_put_parts"):
             assert store.put_parts([], []) == []
-        if store.handle.implements("kvtier_get_into"):
+        if store.implements("kvtier_get_into"):
             assert store.get_into([], []) == []
 
-    @group
     @pytest.mark.parametrize(
         "key",
         [b"\x00", b"/", b".", b"\xff", b"k" * 64, bytes(range(64)), b"../" * 21 + b"x"],
@@ -117,7 +109,6 @@ class PutGetTests(KitBase):
         self._put_get_check([key, other], [block, None])
         assert self.store.lookup([key, other]) == [True, False]
 
-    @group
     @pytest.mark.parametrize("shape", list(_SHAPES))
     def test_put_accepts_bytes_like(self, shape: str) -> None:
         key = key_of(f"shape-{shape}", 0)
@@ -125,7 +116,6 @@ class PutGetTests(KitBase):
         assert self.store.put([key], [_SHAPES[shape](block)]) == [True]
         self._put_get_check([key], [block])
 
-    @group
     def test_put_copies_the_callers_buffer(self) -> None:
         keys = [key_of("copy", i) for i in range(2)]
         blocks = [block_for(k, 4 * KIB) for k in keys]
@@ -137,7 +127,6 @@ class PutGetTests(KitBase):
         backing[:] = b"\x55" * len(backing)
         self._put_get_check(keys, list(blocks))
 
-    @group
     def test_returned_blocks_never_change(self) -> None:
         keys = [key_of("keep", i) for i in range(3)]
         blocks = [block_for(k, 2 * KIB) for k in keys]
@@ -148,14 +137,79 @@ class PutGetTests(KitBase):
         later = [key_of("keep", 10 + i) for i in range(3)]
         self.store.put(later, [block_for(k, 2 * KIB) for k in later])
         self.store.get(keys + later)
+        self._put_get_kept(keys, blocks, kept, "evicts, puts and gets")
+
+    def _put_get_kept(
+        self, keys: list[bytes], blocks: list[bytes], kept: list[BytesLike | None], what: str
+    ) -> None:
         for key, want, have in zip(keys, blocks, kept):
-            assert have is not None and bytes(have) == want, (
-                f"the block returned for {key!r} changed after later calls"
+            assert have is not None, f"get({key!r}) missed a block just put"
+            got = bytes(have)
+            assert got == want, (
+                f"the block get returned for {key!r} changed after later {what}: it now holds "
+                f"{describe(want, got)}; a backend must not reuse a buffer it handed out"
             )
 
-    @group
+    def test_returned_blocks_survive_reuse_of_read_buffers(self) -> None:
+        # same sizes everywhere: a backend that recycles read buffers or freed
+        # slots reuses exactly these for the next blocks
+        size = 3 * KIB + 1
+        first = [key_of("reuse-a", i) for i in range(4)]
+        second = [key_of("reuse-b", i) for i in range(4)]
+        blocks = {k: block_for(k, size) for k in first + second}
+        assert self.store.put(first + second, [blocks[k] for k in first + second]) == [True] * 8
+        kept = self.store.get_raw(first)
+        kept_repeat = self.store.get_raw([first[0], first[0]])
+        # other blocks read into the same positions, in another order, and again
+        self.store.get_raw(second)
+        self.store.get_raw(second[::-1] + first[::-1])
+        self.store.get_raw([second[0]] * 4)
+        if self.store.implements("kvtier_get_into"):
+            outs = [bytearray(size) for _ in second]
+            self.store.get_into(second, [[memoryview(o)] for o in outs])
+        # freed space reused by new blocks of the same size
+        assert self.store.evict(first[2:]) == [True, True]
+        fresh = [key_of("reuse-c", i) for i in range(4)]
+        self.store.put(fresh, [block_for(k, size) for k in fresh])
+        self.store.get_raw(fresh)
+        self._put_get_kept(first, [blocks[k] for k in first], kept, "gets, evicts and puts")
+        self._put_get_kept(
+            [first[0]] * 2, [blocks[first[0]]] * 2, kept_repeat, "gets, evicts and puts"
+        )
+
+    def test_repeated_key_with_different_bytes_in_one_put(self) -> None:
+        # Blocks are immutable once stored.  Two values for one key in one
+        # batch: whichever is stored, get answers exactly one of them, never
+        # a mix, and it stays the one stored.
+        key, other = key_of("dup-diff", 0), key_of("dup-diff", 1)
+        # the last value longer than the first: a length from one and bytes from another show
+        values = [block_for(key, 300), block_for(key + b"/2", 300), block_for(key + b"/3", 5000)]
+        other_block = block_for(other, 700)
+        flags = self.store.put([key, other, key, key], [values[0], other_block, *values[1:]])
+        assert flags == [True] * 4, f"put of a repeated key answered {flags}"
+        (have,) = self.store.get([key])
+        assert have in values, (
+            f"a key put three times in one batch with different bytes read back {len(have or b'')} "
+            "bytes that are none of the values put (a mix, or a miss)"
+        )
+        self._put_get_check([other], [other_block])
+        assert self.store.put([key], [block_for(key + b"/4", 300)]) == [True]
+        self._put_get_check([key], [have])
+
+    def test_put_of_a_stored_key_keeps_the_stored_block(self) -> None:
+        key = key_of("immutable", 0)
+        block, other = block_for(key, 900), block_for(key + b"/other", 900)
+        assert self.store.put([key], [block]) == [True]
+        assert self.store.put([key], [other]) == [True], "a put of a stored key must answer True"
+        (have,) = self.store.get([key])
+        assert have == block, (
+            f"after a second put of a stored key with other bytes, get returned "
+            f"{'the second value' if have == other else describe(block, have)}; a block is "
+            "immutable once stored"
+        )
+
     def test_put_parts_equals_put(self) -> None:
-        if not self.store.handle.implements("kvtier_put_parts"):
+        if not self.store.implements("kvtier_put_parts"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_put_parts")
         keys = [key_of("parts", i) for i in range(4)]
         blocks = [block_for(k, size) for k, size in zip(keys, (1, 100, 70_001, 4 * KIB))]
@@ -174,9 +228,8 @@ class PutGetTests(KitBase):
         # a key already stored through put answers True through put_parts too
         assert self.store.put_parts(keys[:1], [[blocks[0]]]) == [True]
 
-    @group
     def test_put_parts_copies_the_callers_buffers(self) -> None:
-        if not self.store.handle.implements("kvtier_put_parts"):
+        if not self.store.implements("kvtier_put_parts"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_put_parts")
         key = key_of("parts-copy", 0)
         block = block_for(key, 8 * KIB)
@@ -186,9 +239,8 @@ class PutGetTests(KitBase):
         tail[:] = bytes(len(tail))
         self._put_get_check([key], [block])
 
-    @group
     def test_get_into(self) -> None:
-        if not self.store.handle.implements("kvtier_get_into"):
+        if not self.store.implements("kvtier_get_into"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
         keys = [key_of("into", i) for i in range(3)]
         blocks = [block_for(k, size) for k, size in zip(keys, (1, 5000, 70_001))]
@@ -213,9 +265,8 @@ class PutGetTests(KitBase):
         for key, want, have in zip(keys, blocks, outs):
             assert bytes(have) == want, f"get_into({key!r}) filled {describe(want, bytes(have))}"
 
-    @group
     def test_get_into_repeated_key(self) -> None:
-        if not self.store.handle.implements("kvtier_get_into"):
+        if not self.store.implements("kvtier_get_into"):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
         key = key_of("into-dup", 0)
         block = block_for(key, 3000)
@@ -224,7 +275,6 @@ class PutGetTests(KitBase):
         assert self.store.get_into([key, key], [[memoryview(o)] for o in outs]) == [3000, 3000]
         assert [bytes(o) for o in outs] == [block, block]
 
-    @group
     def test_refuses_blocks_over_max_block_size(self) -> None:
         limit = self.caps.max_block_size
         if limit is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -23,12 +22,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from .base import KitBackend, KitBase
+from .base import KitBackend, KitBase, kit_group
 from .data import block_for, describe
 
 __all__ = ["DictModel", "StatefulTests"]
-
-group = pytest.mark.kvtier_group("stateful")
 
 #: Keys of the machine: short and long, sharing prefixes, differing in one byte.
 POOL = (b"\x00", b"a", b"ab", b"b" * 64, b"b" * 63 + b"c", b"key/1", b"key/2", b"\xff" * 9)
@@ -67,6 +64,7 @@ class DictModel:
         return self.blocks.pop(key, None) is not None
 
 
+@kit_group("stateful")
 class StatefulTests(KitBase):
     """Runs for every backend; reopens only persistent ones."""
 
@@ -160,7 +158,6 @@ class StatefulTests(KitBase):
 
         return BackendMachine
 
-    @group
     def test_backend_behaves_like_a_dict(self) -> None:
         config: dict[str, Any] = {
             "max_examples": self.stateful_max_examples,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from .capacity import CapacityTests
 from .concurrency import ConcurrencyTests
 from .corruption import CorruptionTests
+from .crash import CrashSafetyTests
 from .lifecycle import LifecycleTests
 from .lookup_evict import EvictTests, LookupTests
-from .persistence import CrashSafetyTests, PersistenceTests
+from .persistence import PersistenceTests
 from .put_get import PutGetTests
 from .stateful import StatefulTests
 

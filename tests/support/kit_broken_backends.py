@@ -255,6 +255,21 @@ class TornWrites(DictBackend):
                 f.write(view[start : start + 16384])
 
 
+class TwoStepWrites(DictBackend):
+    """Writes a block file in place in two steps, a head and then the rest: a crash in between
+    leaves a prefix of the block, which a reopen then serves."""
+
+    def _write(self, key: bytes, data: BytesLike) -> None:
+        if self._dir is None:
+            return
+        view = memoryview(data).cast("B")
+        head = min(len(view), 4096)
+        with open(self._path(key), "wb") as f:
+            f.write(view[:head])
+            f.flush()
+            f.write(view[head:])
+
+
 class WrongKeyOrder(DictBackend):
     """Answers a get batch in sorted key order, not request order: another key's bytes."""
 
@@ -340,6 +355,88 @@ class TamperMissesCache(DictBackend):
             return True
 
 
+class ReusesReadBuffers(DictBackend):
+    """Reads into one scratch buffer per position of the batch, reused by the next get: a
+    block a get returned changes when a later get reads another block into its position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._scratch: list[bytearray] = []
+
+    @hookimpl
+    def kvtier_get(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
+        with self._guard():
+            while len(self._scratch) < len(keys):
+                self._scratch.append(bytearray())
+            out: list[BytesLike | None] = []
+            for buffer, key in zip(self._scratch, keys):
+                data = self._read(key)
+                if data is None:
+                    out.append(None)
+                    continue
+                size = len(memoryview(data).cast("B"))
+                if len(buffer) < size:
+                    buffer.extend(bytes(size - len(buffer)))
+                buffer[:size] = data
+                out.append(memoryview(buffer)[:size])
+            return out
+
+
+class MixesRepeatedKeys(DictBackend):
+    """Plans a batch by key: a key repeated with other bytes keeps the first value's length
+    and the last value's bytes."""
+
+    @hookimpl
+    def kvtier_put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> list[bool]:
+        sizes: dict[bytes, int] = {}
+        latest: dict[bytes, bytes] = {}
+        for key, block in zip(keys, blocks):
+            data = bytes(block)
+            sizes.setdefault(key, len(data))
+            latest[key] = data
+        merged = [latest[k][: sizes[k]].ljust(sizes[k], b"\0") for k in keys]
+        return super().kvtier_put(keys, merged, evicted)
+
+
+class ReplacesStored(DictBackend):
+    """A put of a stored key replaces its block: blocks are not immutable once stored."""
+
+    @hookimpl
+    def kvtier_put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> list[bool]:
+        with self._guard():
+            for key in keys:
+                self._remove(key)
+        return super().kvtier_put(keys, blocks, evicted)
+
+
+class LookupEvicts(DictBackend):
+    """Counts a lookup hit as an access whose record is charged to the capacity, and trims
+    to capacity there, where it has no evicted list to report victims in."""
+
+    _ACCESS_RECORD = 512
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._guard():
+            found = []
+            for key in keys:
+                hit = key in self._blocks
+                if hit:
+                    self._blocks.move_to_end(key)
+                    self._used += self._ACCESS_RECORD
+                found.append(hit)
+            if self._capacity is not None:
+                while self._blocks and self._used > self._capacity:
+                    victim, data = self._blocks.popitem(last=False)
+                    self._used -= len(memoryview(data).cast("B"))
+                    self._unlink(victim)
+            return found
+
+
 class UsableAfterClose(DictBackend):
     """close() keeps serving: hooks after close do not raise ClosedError."""
 
@@ -356,6 +453,7 @@ BROKEN: dict[str, type[DictBackend]] = {
         ForgetsOnReopen,
         IgnoresCapacity,
         TornWrites,
+        TwoStepWrites,
         WrongKeyOrder,
         NotThreadSafe,
         RaisesOnMiss,
@@ -365,5 +463,9 @@ BROKEN: dict[str, type[DictBackend]] = {
         ResurrectsAfterReopen,
         TamperMissesCache,
         UsableAfterClose,
+        ReusesReadBuffers,
+        MixesRepeatedKeys,
+        ReplacesStored,
+        LookupEvicts,
     )
 }
