@@ -270,6 +270,7 @@ def run_conformance(
             "options": _redacted(name, parsed),
             "through_chain": through_chain,
             "settings": tuning,
+            "fresh_per_test": locations.describe(),
             "verdict": "pass" if ok else "fail",
             "exit_code": code,
             "pytest_exit_code": status,

@@ -94,7 +94,7 @@ TESTS_DIR = Path(__file__).resolve().parents[1] / "support"
 #: Broken backend -> the groups of the kit that fail on it (and no others).
 CAUGHT_BY = {
     "AliasesBuffer": {"put_get"},
-    "ForgetsOnReopen": {"persistence"},
+    "ForgetsOnReopen": {"persistence", "crash_safety"},
     "IgnoresCapacity": {"capacity"},
     "LookupEvicts": {"capacity", "persistence"},
     "MixesRepeatedKeys": {"put_get"},
