@@ -116,6 +116,11 @@ CAUGHT_BY = {
     "WrongUsedAfterReopen": {"persistence"},
 }
 
+#: Groups that may also fail, depending on thread timing: LookupEvicts drops blocks
+#: silently once its lookups have charged enough to the capacity, which the
+#: concurrency group's lookups reach on some runs only.
+MAY_ALSO_CATCH = {"LookupEvicts": {"concurrency"}}
+
 #: Broken backend -> (the kit test that must fail on it, words its message must hold):
 #: the check written for that bug, not another group, is what catches it.
 CAUGHT_AS = {
@@ -175,7 +180,10 @@ def test_kit_catches_broken_backend(name: str, tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert report["verdict"] == "fail"
-    assert failed_groups(report) == CAUGHT_BY[name], proc.stdout
+    failed = failed_groups(report)
+    assert CAUGHT_BY[name] <= failed <= CAUGHT_BY[name] | MAY_ALSO_CATCH.get(name, set()), (
+        proc.stdout
+    )
     assert "FAIL" in proc.stdout
     if name in CAUGHT_AS:
         test, words = CAUGHT_AS[name]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.registry import BackendRegistry
+from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import Capabilities, PluginError
 from kvtier.testing.base import kit_group
 from kvtier.testing.crash import spread_points
