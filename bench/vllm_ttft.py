@@ -170,7 +170,7 @@ def main() -> None:
     model = work / "model"
     if not (model / "config.json").exists():
         heads = args.hidden // args.head_dim
-        subprocess.run([sys.executable, str(HERE.parent / "tests" / "make_tiny_llama.py"),
+        subprocess.run([sys.executable, str(HERE.parent / "tests" / "support" / "make_tiny_llama.py"),
                         str(model), "--layers", str(args.layers), "--hidden", str(args.hidden),
                         "--heads", str(heads), "--kv-heads", str(args.kv_heads),
                         "--head-dim", str(args.head_dim), "--vocab", "32000",
@@ -183,7 +183,7 @@ def main() -> None:
     config.write_text(ram + disk)
     server = None
     if args.object:
-        sys.path.insert(0, str(HERE.parent / "tests"))
+        sys.path.insert(0, str(HERE.parent / "tests" / "support"))
         from seaweed import SeaweedServer
 
         server = SeaweedServer(work / "seaweedfs")
