@@ -170,7 +170,8 @@ def main() -> None:
     model = work / "model"
     if not (model / "config.json").exists():
         heads = args.hidden // args.head_dim
-        subprocess.run([sys.executable, str(HERE.parent / "tests" / "support" / "make_tiny_llama.py"),
+        make_model = HERE.parent / "tests" / "support" / "make_tiny_llama.py"
+        subprocess.run([sys.executable, str(make_model),
                         str(model), "--layers", str(args.layers), "--hidden", str(args.hidden),
                         "--heads", str(heads), "--kv-heads", str(args.kv_heads),
                         "--head-dim", str(args.head_dim), "--vocab", "32000",

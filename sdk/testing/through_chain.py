@@ -20,7 +20,7 @@ from kvtier import Chain, Namespace, open_chain
 from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
 from kvtier.testing.resolve import resolve_backend
 
-__all__ = ["CHAIN_OF_ONE", "ChainOfOne", "framed_only"]
+__all__ = ["CHAIN_OF_ONE", "ChainAsBackend", "ChainOfOne", "framed_only"]
 
 #: What ``kvtier conformance`` runs instead of a backend that is ``framed_only``.
 CHAIN_OF_ONE = "kvtier.testing.through_chain:ChainOfOne"
@@ -31,31 +31,33 @@ def framed_only(instance: object) -> bool:
     return getattr(type(instance), "framed_only", False) is True
 
 
-class ChainOfOne:
-    """A chain whose only tier is backend ``tier_backend`` with options ``tier_options``."""
+class ChainAsBackend:
+    """A whole chain served through the backend hooks, so the kit can certify it.
+
+    ``put`` is :meth:`Chain.put`, ``get`` :meth:`Chain.get_bytes`, ``lookup``
+    and ``evict`` the chain's own.  Subclasses declare their options in
+    ``kvtier_options`` and open the chain in :meth:`_open`; an option
+    ``settle`` (true) makes put and get wait for the chain's background writes,
+    for chains whose demotions would otherwise read as misses meanwhile.
+    """
 
     def __init__(self) -> None:
         self._chain: Chain | None = None
+        self._settle = False
         self._closed = False
         self._persistent = False
         self._lock = threading.Lock()
 
-    @hookimpl
-    def kvtier_options(self) -> Mapping[str, Option]:
-        return {
-            "tier_backend": Option("str", "the backend of the chain's one tier", required=True),
-            "tier_options": Option("map", "that backend's options", default={}),
-        }
+    def _open(self, options: Mapping[str, Any], namespace: Namespace) -> tuple[Chain, bool]:
+        """The chain to serve, and whether its blocks outlive a reopen."""
+        raise NotImplementedError
 
     @hookimpl
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
         if self._closed:
             raise ClosedError("chain backend is closed")
-        registry, name = resolve_backend(options["tier_backend"])
-        tier = {**options["tier_options"], "name": "tier", "backend": name}
-        self._chain = open_chain({"chain": [tier]}, namespace=Namespace.from_hex(namespace),
-                                 registry=registry)
-        self._persistent = self._chain.tiers[0].capabilities.persistent
+        self._chain, self._persistent = self._open(options, Namespace.from_hex(namespace))
+        self._settle = bool(options.get("settle", False))
 
     def _live(self) -> Chain:
         if self._chain is None or self._closed:
@@ -81,12 +83,23 @@ class ChainOfOne:
         blocks: Sequence[BytesLike],
         evicted: MutableSequence[tuple[bytes, BytesLike]],
     ) -> list[bool]:
-        del evicted  # declared without a capacity: nothing to report
-        return self._live().put(keys, blocks)
+        # declared without a capacity: the chain as a whole reports no victims
+        del evicted
+        chain = self._live()
+        stored = chain.put(keys, blocks)
+        if self._settle:
+            # a block a RAM tier evicts is demoted asynchronously and reads as
+            # a miss until the demotion lands; a backend promises read-your-writes
+            chain.flush()
+        return stored
 
     @hookimpl
     def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return self._live().get_bytes(keys)
+        chain = self._live()
+        found = chain.get_bytes(keys)
+        if self._settle:
+            chain.flush()  # promotions push blocks out of RAM, into the same window
+        return found
 
     @hookimpl
     def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
@@ -98,3 +111,20 @@ class ChainOfOne:
         # Chain.evict counts; one key at a time gives the per-key answer, and a
         # key repeated in the batch is removed by its first mention
         return [chain.evict([key]) == 1 for key in keys]
+
+
+class ChainOfOne(ChainAsBackend):
+    """A chain whose only tier is backend ``tier_backend`` with options ``tier_options``."""
+
+    @hookimpl
+    def kvtier_options(self) -> Mapping[str, Option]:
+        return {
+            "tier_backend": Option("str", "the backend of the chain's one tier", required=True),
+            "tier_options": Option("map", "that backend's options", default={}),
+        }
+
+    def _open(self, options: Mapping[str, Any], namespace: Namespace) -> tuple[Chain, bool]:
+        registry, name = resolve_backend(options["tier_backend"])
+        tier = {**options["tier_options"], "name": "tier", "backend": name}
+        chain = open_chain({"chain": [tier]}, namespace=namespace, registry=registry)
+        return chain, chain.tiers[0].capabilities.persistent

@@ -17,27 +17,20 @@ out and checked on the way back, which is how peers are used.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, MutableSequence, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kvtier import Chain, Namespace, open_chain
-from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
+from kvtier.spec import Option, hookimpl
+from kvtier.testing.through_chain import ChainAsBackend
 
 
-class ChainBackend:
+class ChainBackend(ChainAsBackend):
     """RAM (``host``, capacity ``ram``) over ``fs`` at ``url``, written ``disk_write``.
 
     Subclasses change the chain through :meth:`_chain_config` and
     :meth:`_persists` and declare their options in ``kvtier_options``.
     """
-
-    def __init__(self) -> None:
-        self._chain: Chain | None = None
-        self._settle = True
-        self._closed = False
-        self._persistent = False
-        self._lock = threading.Lock()
 
     @hookimpl
     def kvtier_options(self) -> Mapping[str, Option]:
@@ -52,14 +45,9 @@ class ChainBackend:
             ),
         }
 
-    @hookimpl
-    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
-        if self._closed:
-            raise ClosedError("chain backend is closed")
-        config = {"chain": self._chain_config(options)}
-        self._chain = open_chain(config, namespace=Namespace.from_hex(namespace))
-        self._settle = options["settle"]
-        self._persistent = self._persists(options)
+    def _open(self, options: Mapping[str, Any], namespace: Namespace) -> tuple[Chain, bool]:
+        chain = open_chain({"chain": self._chain_config(options)}, namespace=namespace)
+        return chain, self._persists(options)
 
     def _chain_config(self, options: Mapping[str, Any]) -> list[dict[str, Any]]:
         ram = {"name": "ram", "backend": "host", "capacity": options["ram"]}
@@ -69,60 +57,6 @@ class ChainBackend:
     def _persists(self, options: Mapping[str, Any]) -> bool:
         # write-back keeps the newest blocks in RAM only: close loses them
         return options["disk_write"] == "through" and not options["url"].startswith("memory://")
-
-    def _live(self) -> Chain:
-        if self._chain is None or self._closed:
-            raise ClosedError("chain backend is closed" if self._closed else "not open")
-        return self._chain
-
-    @hookimpl
-    def kvtier_capabilities(self) -> Capabilities:
-        self._live()
-        return Capabilities(persistent=self._persistent, thread_safe=True)
-
-    @hookimpl
-    def kvtier_close(self) -> None:
-        with self._lock:
-            chain, self._closed = self._chain, True
-        if chain is not None:
-            chain.close()
-
-    @hookimpl
-    def kvtier_put(
-        self,
-        keys: Sequence[bytes],
-        blocks: Sequence[BytesLike],
-        evicted: MutableSequence[tuple[bytes, BytesLike]],
-    ) -> list[bool]:
-        # the last tier is unbounded (fs, or the server's chain behind a peer
-        # tier, which ends in fs in the tests): the chain as a whole evicts nothing
-        del evicted
-        chain = self._live()
-        stored = chain.put(keys, blocks)
-        if self._settle:
-            # A block the RAM tier evicts is demoted asynchronously and reads as
-            # a miss until the demotion lands; a backend promises read-your-writes.
-            chain.flush()
-        return stored
-
-    @hookimpl
-    def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        chain = self._live()
-        found = chain.get_bytes(keys)
-        if self._settle:
-            chain.flush()  # promotions push blocks out of RAM, into the same window
-        return found
-
-    @hookimpl
-    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
-        return [where is not None for where in self._live().lookup(keys)]
-
-    @hookimpl
-    def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
-        chain = self._live()
-        # Chain.evict counts; one key at a time gives the per-key answer, and a
-        # key repeated in the batch is removed by its first mention
-        return [chain.evict([key]) == 1 for key in keys]
 
 
 class PeerChainBackend(ChainBackend):
