@@ -3,8 +3,9 @@
 Node A computes a prompt and writes its blocks through to the shared tier;
 node B, a fresh engine process whose own fs tier is empty, serves the prompt
 from the shared tier with identical greedy output.  The shared tier here is
-the ``object`` tier on the replicated SeaweedFS cluster; the harness takes
-any tier entry.
+the ``object`` tier on the replicated SeaweedFS cluster, and then kvtier-redis
+with ``cluster: true`` on a 3-master + 3-replica Redis Cluster; the harness
+takes any tier entry.
 
 Then capacity with several writers: two chains write one capacity-bounded
 namespace of the bucket, and what the bucket really holds (listed with
@@ -16,10 +17,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_cluster import RedisClusterServer
 from seaweed_cluster import SeaweedCluster
 from shared_pool import build_tiny_model, run_two_nodes
 
@@ -79,6 +82,27 @@ def test_two_engines_share_the_object_tier_on_the_cluster(
 ) -> None:
     bucket = seaweed_cluster.make_bucket(f"kvt-pool-{uuid.uuid4().hex[:10]}")
     check_two_nodes_share(tmp_path, model_dir, object_tier(seaweed_cluster, bucket))
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
+    cluster = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@needs_vllm
+@pytest.mark.timeout(900)
+def test_two_engines_share_a_redis_cluster_tier(
+    redis_cluster: RedisClusterServer, model_dir: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("kvtier_redis", reason="kvtier-redis is not installed")
+    prefix = f"pool-{uuid.uuid4().hex[:8]}"
+    check_two_nodes_share(tmp_path, model_dir, redis_cluster.tier(
+        "pool", prefix=prefix, shards=4, capacity="64MiB", max_block_size="8MiB"))
 
 
 # --- capacity with several writers -------------------------------------------------------
