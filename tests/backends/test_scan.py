@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_cluster import RedisClusterServer
 from redis_server import RedisServer
 from seaweed import SeaweedServer
 
@@ -203,6 +204,13 @@ def _prefixes_apart(ns: str, mine: BackendHandle, other: BackendHandle,
 
 def test_redis(redis_server: RedisServer) -> None:
     with opener_for("redis", {"url": redis_server.url(5), "capacity": "1MiB"}) as open_backend:
+        check_store(open_backend)
+
+
+def test_redis_cluster(tmp_path: Path) -> None:
+    """Blocks spread over the masters' shards are listed from every master, once each."""
+    with RedisClusterServer(tmp_path / "cluster") as cluster, \
+            opener_for("redis", cluster.tier("t", shards=8, capacity="8MiB")) as open_backend:
         check_store(open_backend)
 
 

@@ -27,6 +27,7 @@ is a miss, never another key's bytes.
 from __future__ import annotations
 
 import contextlib
+import re
 import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +58,10 @@ DEFAULT_SHARDS = 16
 _MAX_KEYS_PER_SCRIPT = 1024
 
 _SCRIPTS = {_scripts.sha1(text): text for text in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH)}
+#: A data key after ``<prefix>:{``: namespace, shard, the block's key.
+_DATA_NAME = re.compile(rb"([0-9a-f]{32}):[0-9]+\}:b:(.+)", re.DOTALL)
+_SCAN_COUNT = 1000
+
 _PUT, _EVICT, _TOUCH = (_scripts.sha1(s) for s in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH))
 
 Command = tuple[Any, ...]
@@ -294,6 +299,50 @@ class ClusterStore:
             if old is None:
                 return False
             return bool(self.client.set(data_key, bytes(transform(old)), xx=True))
+
+    def scan(
+        self, namespace: str | None, check: Callable[[], object]
+    ) -> Iterator[list[tuple[str, bytes, int]]]:
+        """``(namespace, key, size)`` batches: ``SCAN`` on every master, a page at a time.
+
+        Keys live on the master owning their shard's slot, so each master is
+        scanned in turn, and the sizes of a page are one ``STRLEN`` pipeline
+        to that master.  ``check`` raises once the instance is closed.  A
+        master failing over mid-scan is a fault, raised, not a short listing.
+        """
+        head = f"{self.settings.prefix}:{{".encode()
+        pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", head)
+        pattern += (b"?" * 32 if namespace is None else namespace.encode()) + b":*}:b:*"
+        with self._faults("scan"):
+            masters: list[ClusterNode] = self.client.get_primaries()  # type: ignore[no-untyped-call]
+        for master in masters:
+            cursor = 0
+            while True:
+                check()
+                with self._faults("scan"):
+                    node = self.client.get_redis_connection(master)
+                    cursor, names = node.scan(cursor=cursor, match=pattern, count=_SCAN_COUNT)
+                    found = [(m.group(1).decode(), m.group(2), name) for name in names
+                             if isinstance(name, bytes)  # replies are not decoded
+                             and (m := _DATA_NAME.fullmatch(name[len(head):]))]
+                    batch = self._sized(node, found)
+                if batch:
+                    yield batch
+                if int(cursor) == 0:
+                    break
+
+    @staticmethod
+    def _sized(node: Any, found: list[tuple[str, bytes, bytes]]) -> list[tuple[str, bytes, int]]:
+        """Each found block with its length; blocks deleted since SCAN saw them are left out."""
+        if not found:
+            return []
+        pipe = node.pipeline(transaction=False)
+        for _, _, name in found:
+            pipe.strlen(name)
+            pipe.exists(name)  # STRLEN is 0 for a deleted key and for an empty block
+        replies = pipe.execute()
+        return [(ns, key, int(size)) for (ns, key, _), size, there
+                in zip(found, replies[0::2], replies[1::2]) if there]
 
     # internals --------------------------------------------------------------
     def _shard_count(self, namespace: str) -> int:

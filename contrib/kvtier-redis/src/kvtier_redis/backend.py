@@ -488,13 +488,14 @@ class RedisBackend:
         time of writing, so ``mtime`` is ``None``.
         """
         conn = self._live()
-        if isinstance(conn, ClusterStore):
-            # SCAN is per node in a cluster, and blocks live in shard key
-            # spaces: listing them is not written yet
-            raise BackendError(f"{conn.where}: kvtier_scan is not supported with cluster: true")
         if namespace is not None and not _NAMESPACE_RE.match(namespace.encode()):
             raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
                               key="namespace")
+        if not isinstance(conn, _Conn):
+            return (
+                [ScanEntry(*entry) for entry in batch]
+                for batch in conn.scan(namespace, self._live)
+            )
         return self._scan(conn, namespace)
 
     def _scan(self, conn: _Conn, namespace: str | None) -> Iterator[list[ScanEntry]]:
