@@ -44,13 +44,14 @@ def test_parse_size_rejects(bad: object) -> None:
         ("1m", 60.0),
         ("1.5h", 5400.0),
         ("3", 3.0),
+        ("7d", 604800.0),
     ],
 )
 def test_parse_duration(text: object, expected: float) -> None:
     assert parse_duration(text) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("bad", [-1, "soon", "1d", False, None])
+@pytest.mark.parametrize("bad", [-1, "soon", "1w", "7 days", False, None])
 def test_parse_duration_rejects(bad: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(bad)

@@ -188,10 +188,18 @@ def test_kvtier_backends_lists_it() -> None:
 
 
 def test_kvtier_core_does_not_import_it() -> None:
+    """Core knows the distribution's name for one thing only: the hint to install it."""
+    hints = ROOT / "sdk" / "plugins" / "registry.py"
     for tree in ("sdk", "spec", "backends"):
         for path in (ROOT / tree).rglob("*.py"):
             text = path.read_text()
-            assert "kvtier_redis" not in text and "kvtier-redis" not in text, path
+            assert "kvtier_redis" not in text, path
+            if path != hints:
+                assert "kvtier-redis" not in text, path
+    assert hints.read_text().count("kvtier-redis") == 1
+    from kvtier.plugins.registry import INSTALL_HINTS
+
+    assert INSTALL_HINTS["redis"] == "pip install kvtier-redis"
 
 
 # --- a chain configured in YAML ---------------------------------------------------
