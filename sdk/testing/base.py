@@ -22,7 +22,7 @@ import pytest
 
 from kvtier import Chain, Namespace, open_chain
 from kvtier.plugins.registry import BackendHandle
-from kvtier.spec import BytesLike, Capabilities, PluginError, hookspecs
+from kvtier.spec import BytesLike, Capabilities, PluginError, ScanEntry, hookspecs
 
 from .footprint import Footprint
 from .groups import GROUPS, missing_capability
@@ -191,6 +191,18 @@ class KitBackend:
             if not isinstance(value, (int, float)):
                 raise AssertionError(f"{self.label}: kvtier_stats gave {name!r}: {value!r}")
         return stats
+
+    def scan(self, namespace: str | None) -> list[ScanEntry]:
+        """``kvtier_scan`` read to the end (the test must check ``implements`` first).
+
+        The registry checks each entry's shape; a batch must hold at least one.
+        """
+        entries: list[ScanEntry] = []
+        for batch in self.handle.scan(namespace):
+            if not batch:
+                raise AssertionError(f"{self.label}: kvtier_scan gave an empty batch")
+            entries.extend(batch)
+        return entries
 
     def tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         return self.handle.tamper(key, transform)

@@ -38,6 +38,7 @@ GROUPS: tuple[str, ...] = (
     "corruption",
     "stateful",
     "lifecycle",
+    "scan",
 )
 
 
@@ -79,6 +80,7 @@ GATES: Mapping[str, Gate] = {
     "crash_safety": declares("persistent"),
     "concurrency": declares("thread_safe"),
     "corruption": implements("kvtier_tamper"),
+    "scan": implements("kvtier_scan"),
 }
 
 #: The requirement of each gated group, as reports print it.

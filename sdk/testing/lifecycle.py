@@ -38,6 +38,8 @@ AFTER_CLOSE: dict[str, Callable[[BackendHandle, KitBase], object]] = {
     "kvtier_lookup": lambda h, kit: h.lookup([_KEY]),
     "kvtier_evict": lambda h, kit: h.evict([_KEY]),
     "kvtier_tamper": lambda h, kit: h.tamper(_KEY, lambda b: b),
+    # the call itself raises, not the first batch (spec: kvtier_scan)
+    "kvtier_scan": lambda h, kit: h.scan(None),
 }
 
 

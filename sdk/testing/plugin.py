@@ -23,6 +23,7 @@ _KIT_MODULES = (
     "lookup_evict",
     "persistence",
     "put_get",
+    "scan",
     "stateful",
     "suite",
 )

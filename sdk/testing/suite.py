@@ -10,6 +10,7 @@ from .lifecycle import LifecycleTests
 from .lookup_evict import EvictTests, LookupTests
 from .persistence import PersistenceTests
 from .put_get import PutGetTests
+from .scan import ScanTests
 from .stateful import StatefulTests
 
 __all__ = ["BackendTests"]
@@ -26,6 +27,7 @@ class BackendTests(
     CorruptionTests,
     StatefulTests,
     LifecycleTests,
+    ScanTests,
 ):
     """The conformance kit: subclass it as ``Test...`` in a test module.
 

@@ -2,7 +2,7 @@
 
 :class:`DictBackend` keeps blocks in an ``OrderedDict`` (LRU order) with an
 optional byte capacity whose evictions it reports, implements
-``kvtier_tamper``, and persists to a directory when the ``dir`` option is set:
+``kvtier_tamper`` and ``kvtier_scan``, and persists to a directory when the ``dir`` option is set:
 one file per block, named by the key's hex, holding the block's bytes, written
 to a temporary name and renamed into place.  It is thread-safe.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import threading
 import time
@@ -23,11 +24,12 @@ from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequen
 from pathlib import Path
 from typing import Any
 
-from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
+from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, ScanEntry, hookimpl
 
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
 
 _SUFFIX = ".blk"
+_NAMESPACE = re.compile(r"[0-9a-f]{32}")
 
 
 class DictBackend:
@@ -39,6 +41,7 @@ class DictBackend:
         self._used = 0
         self._capacity: int | None = None
         self._dir: Path | None = None
+        self._namespace = ""
         self._state = "new"
 
     # lifecycle -------------------------------------------------------------
@@ -53,6 +56,7 @@ class DictBackend:
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
         self._check_not_closed()
         self._capacity = options.get("capacity")
+        self._namespace = namespace
         if options.get("dir"):
             self._dir = Path(options["dir"]) / namespace
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +148,33 @@ class DictBackend:
             self._write_raw(key, new)
             return True
 
+    @hookimpl
+    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+        with self._guard():  # raises ClosedError at the call, as the contract asks
+            entries = self._listing(namespace)
+        return iter([entries[i : i + 5] for i in range(0, len(entries), 5)])
+
     # the places the variants break -------------------------------------------
+    def _listing(self, namespace: str | None) -> list[ScanEntry]:
+        """What the store holds: in memory its own namespace, on disk every namespace."""
+        if self._dir is None:
+            if namespace not in (None, self._namespace):
+                return []
+            return [ScanEntry(self._namespace, key, len(memoryview(data).cast("B")))
+                    for key, data in self._blocks.items()]
+        root = self._dir.parent
+        names = [namespace] if namespace is not None else sorted(os.listdir(root))
+        out = []
+        for name in names:
+            if not _NAMESPACE.fullmatch(name) or not (root / name).is_dir():
+                continue
+            for path in sorted((root / name).iterdir()):
+                if path.suffix == _SUFFIX:  # temporary files end in .tmp
+                    stat = path.stat()
+                    out.append(ScanEntry(name, bytes.fromhex(path.stem), stat.st_size,
+                                         stat.st_mtime))
+        return out
+
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
         with self._lock:
@@ -437,6 +467,37 @@ class LookupEvicts(DictBackend):
             return found
 
 
+class ScanSizesOnDisk(DictBackend):
+    """Lists each block with the space it takes on disk (whole 4 KiB pages), not its length."""
+
+    def _listing(self, namespace: str | None) -> list[ScanEntry]:
+        return [e._replace(size=-(-e.size // 4096) * 4096) for e in super()._listing(namespace)]
+
+
+class ScanListsEvicted(DictBackend):
+    """Lists from an index of the keys it stored, which evict forgets to update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._index: dict[bytes, int] = {}
+
+    def _insert(self, key: bytes, data: BytesLike) -> None:
+        super()._insert(key, data)
+        self._index[key] = len(memoryview(data).cast("B"))
+
+    def _listing(self, namespace: str | None) -> list[ScanEntry]:
+        if namespace not in (None, self._namespace):
+            return []
+        return [ScanEntry(self._namespace, key, size) for key, size in self._index.items()]
+
+
+class ScanIgnoresNamespace(DictBackend):
+    """Lists every namespace of the directory whichever namespace it is asked for."""
+
+    def _listing(self, namespace: str | None) -> list[ScanEntry]:
+        return super()._listing(None)
+
+
 class UsableAfterClose(DictBackend):
     """close() keeps serving: hooks after close do not raise ClosedError."""
 
@@ -467,5 +528,8 @@ BROKEN: dict[str, type[DictBackend]] = {
         MixesRepeatedKeys,
         ReplacesStored,
         LookupEvicts,
+        ScanSizesOnDisk,
+        ScanListsEvicted,
+        ScanIgnoresNamespace,
     )
 }

@@ -106,6 +106,9 @@ CAUGHT_BY = {
     "ReplacesStored": {"put_get"},
     "ResurrectsAfterReopen": {"persistence"},
     "ReusesReadBuffers": {"put_get", "corruption"},
+    "ScanIgnoresNamespace": {"scan"},
+    "ScanListsEvicted": {"scan"},
+    "ScanSizesOnDisk": {"scan"},
     "ServesEvicted": {"lookup", "evict"},
     "SilentEvictions": {"capacity", "concurrency"},
     "TamperMissesCache": {"corruption"},
@@ -130,6 +133,9 @@ CAUGHT_AS = {
     "ReusesReadBuffers": (
         "test_returned_blocks_survive_reuse_of_read_buffers", "must not reuse a buffer"
     ),
+    "ScanIgnoresNamespace": ("test_scan_keeps_namespaces_apart", "of other namespaces"),
+    "ScanListsEvicted": ("test_scan_lists_exactly_what_is_held", "does not hold"),
+    "ScanSizesOnDisk": ("test_scan_lists_exactly_what_is_held", "the stored block's length"),
     "TornWrites": ("test_sigkill_at_every_step_of_a_put", "a torn block must be a miss"),
     "TwoStepWrites": ("test_sigkill_at_every_step_of_a_put", "a torn block must be a miss"),
 }
