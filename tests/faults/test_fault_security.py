@@ -16,6 +16,7 @@ from faultkit import Report, block_for, object_tier, read_exact
 from seaweed import SeaweedServer
 
 import kvtier
+from kvtier.backends._fsindex import INDEX_NAME
 from kvtier.chain.catalog import CATALOG_HEX
 from kvtier.config import describe, load_config
 
@@ -110,10 +111,14 @@ def test_keys_never_become_paths(tmp_path: Path) -> None:
     with kvtier.open_chain(config, namespace="paths") as chain:
         assert chain.put(HOSTILE_KEYS, blocks) == [True] * len(HOSTILE_KEYS)
         assert read_exact(chain, HOSTILE_KEYS, [100] * len(HOSTILE_KEYS)) == blocks
+        namespace = chain.namespace.hex
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    # the namespace's descriptor (kvtier.chain.catalog) is the one file beside the blocks
-    made = [p for p in files if CATALOG_HEX not in p.parts]
-    assert len(made) == len(HOSTILE_KEYS) and len(files) == len(made) + 1
+    # beside the blocks: the namespace's descriptor (kvtier.chain.catalog) and the
+    # tier's index of each namespace (backends/_fsindex.py)
+    made = [p for p in files if CATALOG_HEX not in p.parts and p.name != INDEX_NAME]
+    assert len(made) == len(HOSTILE_KEYS)
+    assert sorted(p.name for p in files if p not in made) == sorted(
+        [INDEX_NAME, INDEX_NAME, f"{namespace}.kvb"])
     for path in made:
         assert root in path.parents
         stem, _, suffix = path.name.partition(".")
