@@ -13,6 +13,7 @@ import pytest
 # server fixtures and helpers (tests/support/seaweed.py, ...), imported without a package
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
+from redis_cluster import RedisClusterServer
 from seaweed import SeaweedServer
 from seaweed_cluster import SeaweedCluster
 
@@ -45,6 +46,17 @@ def seaweed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seawee
     logging.getLogger("kvtier.tests").info(
         "SeaweedFS cluster S3 at %s, logs in %s", cluster.endpoint, cluster.base_dir
     )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
+    """A 3-master + 3-replica Redis Cluster (Debian's redis-server) for one test module."""
+    cluster = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
     try:
         yield cluster
     finally:

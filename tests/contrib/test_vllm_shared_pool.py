@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +81,6 @@ def test_two_engines_share_the_object_tier_on_the_cluster(
 ) -> None:
     bucket = seaweed_cluster.make_bucket(f"kvt-pool-{uuid.uuid4().hex[:10]}")
     check_two_nodes_share(tmp_path, model_dir, object_tier(seaweed_cluster, bucket))
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
-    cluster = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @needs_vllm
