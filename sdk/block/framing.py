@@ -52,6 +52,8 @@ __all__ = [
     "ALIGN_MIN",
     "CODECS",
     "MAGIC",
+    "SHUFFLE_WIDTHS",
+    "ZSTD_LEVELS",
     "Codec",
     "Header",
     "check_payload",
@@ -68,7 +70,14 @@ _PREFIX = struct.Struct("<4sH")
 _MAX_HEADER = 512
 CODEC_NONE = 0
 CODEC_ZSTD = 1
+#: Codec names as a tier's ``codec`` takes them, and the id a header records.
 CODECS = {"none": CODEC_NONE, "zstd": CODEC_ZSTD}
+#: Element widths byte-shuffle groups by (16-, 32- and 64-bit values); a header
+#: records 0 for none.  A tier's ``shuffle`` also takes 1, which like 0 turns
+#: it off: bytes of one-byte elements are already grouped.
+SHUFFLE_WIDTHS = (2, 4, 8)
+#: The compression levels zstd accepts, fastest (negative) to smallest.
+ZSTD_LEVELS = range(-7, 23)
 #: Alignment of large uncompressed payloads within a block (a page, and the
 #: logical block size of common disks).
 ALIGN = 4096
@@ -240,7 +249,7 @@ def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
     ints = (stored_len, codec, raw_len, shuffle)
     if not all(type(v) is int and v >= 0 for v in ints):
         raise CorruptBlockError("header fields have wrong types")
-    if codec not in (CODEC_NONE, CODEC_ZSTD) or shuffle not in (0, 2, 4, 8):
+    if codec not in CODECS.values() or (shuffle and shuffle not in SHUFFLE_WIDTHS):
         raise CorruptBlockError(f"unknown codec {codec} or shuffle {shuffle}")
     if not isinstance(checksum, bytes) or len(checksum) != 8:
         raise CorruptBlockError("bad checksum field")

@@ -1,7 +1,8 @@
 """Chain configuration: the YAML loader and the size and duration units.
 
-May import :mod:`kvtier.plugins` (to validate backend options) and
-:mod:`kvtier.spec`.
+May import :mod:`kvtier.block` (codec names, shuffle widths and zstd levels
+are facts of the block format), :mod:`kvtier.plugins` (to validate backend
+options) and :mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

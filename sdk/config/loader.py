@@ -23,6 +23,7 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
+from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
 from kvtier.config.units import parse_duration, parse_size
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError
@@ -54,6 +55,8 @@ _MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
 # PyYAML composes (and we walk) nested collections recursively: refuse depth
 # that would exhaust the interpreter's stack instead of raising RecursionError
 _MAX_DEPTH = 64
+#: What a tier's ``shuffle`` takes besides ``auto``: 0 and 1 turn it off.
+_SHUFFLE_SETTINGS = (0, 1, *SHUFFLE_WIDTHS)
 
 
 @dataclass(frozen=True)
@@ -354,16 +357,16 @@ class _Validator:
             self.fail(f"{path}.write", "'write' has no meaning on the first tier "
                       "(it sets how a tier is written from the tier above)")
         kw: dict[str, Any] = {}
-        for key, kind, choices in (("codec", "str", ("none", "zstd")), ("write", "str",
+        for key, kind, choices in (("codec", "str", tuple(CODECS)), ("write", "str",
                                    ("through", "back")), ("codec_level", "int", None),
                                    ("promote", "bool", None), ("verify", "bool", None),
                                    ("workers", "int", None)):
             val = self.scalar(entry.get(key), f"{path}.{key}", kind, choices=choices)
             if val is not None:
                 kw[key] = val
-        if not -7 <= kw.get("codec_level", 1) <= 22:
-            self.fail(f"{path}.codec_level", f"zstd levels run from -7 to 22, got "
-                      f"{kw['codec_level']}")
+        if kw.get("codec_level", 1) not in ZSTD_LEVELS:
+            self.fail(f"{path}.codec_level", f"zstd levels run from {ZSTD_LEVELS[0]} to "
+                      f"{ZSTD_LEVELS[-1]}, got {kw['codec_level']}")
         if not 1 <= kw.get("workers", 2) <= 64:
             self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {kw['workers']}")
         shuffle = self.shuffle(entry.get("shuffle"), f"{path}.shuffle")
@@ -390,10 +393,11 @@ class _Validator:
             return "auto"
         if isinstance(value, _EnvStr) and _INT_RE.fullmatch(value):
             value = int(value)
-        if value == "auto" or (type(value) is int and value in (0, 1, 2, 4, 8)):
+        if value == "auto" or (type(value) is int and value in _SHUFFLE_SETTINGS):
             return str(value) if isinstance(value, str) else value
-        self.fail(path, f"expected 'auto' or an element size 0, 1, 2, 4 or 8 (0 and 1 turn "
-                        f"shuffling off), got {_got(value)}")
+        *most, last = _SHUFFLE_SETTINGS
+        self.fail(path, f"expected 'auto' or an element size {', '.join(map(str, most))} or "
+                        f"{last} (0 and 1 turn shuffling off), got {_got(value)}")
 
     def option(self, value: Any, path: str, opt: Option, backend: str) -> Any:
         if value is None and opt.required:

@@ -15,7 +15,7 @@ ALLOWED = {
     "spec": set(),
     "sdk/block": {"spec"},
     "sdk/plugins": {"spec"},
-    "sdk/config": {"plugins", "spec"},
+    "sdk/config": {"block", "plugins", "spec"},
     "sdk/observe": {"config", "spec"},
     "sdk/chain": {"block", "config", "observe", "plugins", "spec"},
     "sdk/peer": {"block", "chain", "config", "plugins", "spec"},
