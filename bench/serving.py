@@ -2,7 +2,7 @@
 
     python bench/serving.py [--quick] [--json] [--out FILE.json] [--chart FILE.png]
         [--workdir DIR] [--config NAME ...]
-    python bench/serving.py --report RUN.json [RUN-2.json]
+    python bench/serving.py --report RUN.json [RUN-2.json] [--chart FILE.png]
 
 Builds a random Llama (fp32, no tokenizer; sized so that prefill dominates)
 and a trace (:func:`build_trace`): shared system prompts of 2048 tokens, each
@@ -274,6 +274,11 @@ def summarize(result: dict[str, Any], shape: Shape) -> dict[str, Any]:
         prefill_step_mean_ms=round(statistics.fmean(prefill), 2) if prefill else None,
         engine_busy_s=round(sum(steps) / 1000, 3),
         idle_steps=result["idle_steps"], idle_step_s=result["idle_step_s"],
+        # CPU seconds of the engine process during the trace, and of its
+        # threads other than the engine's own and torch's (tier I/O, jobs)
+        cpu_s=result["cpu_s"],
+        cpu_s_tier_threads=round(sum(v for k, v in result["cpu_s_by_thread"].items()
+                                     if k not in ("MainThread", "native")), 2),
         # vLLM found a hit below its CPU tier but had no room there to promote it
         promotion_allocation_failures=int(sum(
             t.get("promotion_allocation_failures", 0)
@@ -327,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         runs = [json.loads(Path(p).read_text()) for p in args.report]
         print(markdown(runs, [Path(p).name for p in args.report]))
+        if args.chart:
+            chart(runs[0], Path(args.chart))
         return 0
 
     shape = QUICK if args.quick else FULL
@@ -345,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         trace_path.write_text(json.dumps(trace))
         server = None
         object_entry = None
+        seaweedfs_cpu_s = None
         if "kvtier-fs-object" in names:
             from kvtier.bench.servers import WeedProcess, find_weed
 
@@ -366,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
                             "max_model_len": shape.max_prompt_tokens + shape.output_tokens + 32,
                             "timeout_s": 300 if args.quick else 900}
                      for name in names}
+            weed_cpu = process_cpu(server.proc.pid) if server and server.proc else None
             results = run_configs(plans, work)
+            if weed_cpu is not None and server and server.proc:
+                # only kvtier-fs-object talks to it
+                seaweedfs_cpu_s = round(process_cpu(server.proc.pid) - weed_cpu, 2)
             for result in results:
                 result["summary"] = s = summarize(result, shape)
                 if s.get("completed"):
@@ -390,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "working_set_bytes": working_set_bytes(shape)},
         "vllm": vllm_version(),
         "configs": results,
+        "seaweedfs_cpu_s": seaweedfs_cpu_s,
         "outputs": compare_outputs(results),
     }
     text = json.dumps(report, indent=1)
@@ -407,6 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     if not report["outputs"]["identical"]:
         print(f"serving: outputs differ: {report['outputs']['differences']}", file=log)
     return 1 if failed or not report["outputs"]["identical"] else 0
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process and its waited-for children have used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def vllm_version() -> str:

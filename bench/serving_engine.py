@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -94,6 +96,36 @@ def chain_tiers() -> list[dict[str, Any]]:
                           "get_p99_ms": round(get.get("p99_s", 0) * 1000, 2)})
         out.append({"name": "adapter", "backend": "vllm", **tier.adapter_stats()})
     return out
+
+
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every thread of this process, by OS thread id.
+
+    Python threads carry their name ("kvtier-fs_3" as "kvtier-fs_N"); threads
+    Python did not start (torch's OpenMP workers) are "native".
+    """
+    names = {t.native_id: re.sub(r"\d+", "N", t.name) for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        tid = int(task)
+        out[tid] = (names.get(tid, "native"), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_thread(before: dict[int, tuple[str, float]],
+                  after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each kind of thread spent between two :func:`thread_cpu` readings."""
+    out: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        spent = cpu - before.get(tid, (name, 0.0))[1]
+        out[name] = round(out.get(name, 0.0) + spent, 2)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def run_trace(engine: Any, trace: dict[str, Any], concurrency: int, params: Any,
@@ -213,7 +245,11 @@ def child_main(plan_path: Path) -> dict[str, Any]:
     while engine.has_unfinished_requests():
         engine.step()
     before = offload_metrics(engine) if transfer else {}
+    threads, times = thread_cpu(), os.times()
     result = run_trace(engine, trace, plan["concurrency"], params, iterations)
+    done = os.times()
+    result["cpu_s"] = round(done.user + done.system - times.user - times.system, 2)
+    result["cpu_s_by_thread"] = cpu_by_thread(threads, thread_cpu())
     tiers: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
     if transfer:

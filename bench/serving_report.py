@@ -14,14 +14,20 @@ def _tier_name(label: str) -> str:
     return {"primary": "CPU", "fs": "vLLM fs", "KvtierTier": "kvtier"}.get(kind, kind)
 
 
-def tier_rows(result: dict[str, Any]) -> list[tuple[str, int, float]]:
-    """(tier, hits, MiB served) of one configuration: vLLM's tiers, then kvtier's."""
+def tier_rows(result: dict[str, Any], chunk_bytes: int) -> list[tuple[str, int, float]]:
+    """(tier, hits, MiB served) of one configuration: vLLM's tiers, then kvtier's.
+
+    vLLM counts no bytes for its CPU tier (the engine copies from shared
+    memory): its MiB are its chunk hits times the chunk size.  Below it,
+    vLLM's ``read_bytes`` and the chain's ``bytes_out`` are what was read.
+    """
     rows = []
     for label, figures in sorted(result.get("vllm_tiers", {}).items()):
         if label == "all":
             continue
-        rows.append((_tier_name(label), int(figures.get("chunk_hits", 0)),
-                     figures.get("read_bytes", 0) / MiB))
+        hits = int(figures.get("chunk_hits", 0))
+        read = figures.get("read_bytes", 0) if label != "0:primary" else hits * chunk_bytes
+        rows.append((_tier_name(label), hits, read / MiB))
     for t in result.get("kvtier_tiers", []):
         if t["name"] != "adapter":
             rows.append((f"kvtier {t['name']} ({t['backend']})", int(t["hits"] or 0),
@@ -29,10 +35,14 @@ def tier_rows(result: dict[str, Any]) -> list[tuple[str, int, float]]:
     return rows
 
 
-def _hits(result: dict[str, Any]) -> str:
-    # vLLM counts no bytes for its CPU tier (the engine copies from shared memory)
-    return ", ".join(f"{name} {hits}" + (f" ({mib:.0f} MiB)" if mib else "")
-                     for name, hits, mib in tier_rows(result) if hits or mib) or "-"
+def chunk_bytes(report: dict[str, Any]) -> int:
+    """Bytes of one offloaded chunk: a 32-token engine block."""
+    return 32 * int(report["shape"]["kv_bytes_per_token"])
+
+
+def _hits(result: dict[str, Any], chunk: int) -> str:
+    return ", ".join(f"{name} {hits} ({mib:.0f} MiB)" for name, hits, mib
+                     in tier_rows(result, chunk) if hits or mib) or "-"
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -40,15 +50,16 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def run_table(report: dict[str, Any]) -> str:
+    chunk = chunk_bytes(report)
     lines = ["| configuration | completed | req/s | output tok/s | TTFT p50 s | TTFT p99 s "
              "| step mean ms | step p99 ms | decode step ms | prompt tokens from tiers "
-             "| no room to promote | hits by tier (chunks, served) |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "| no room to promote | CPU s (tier threads) | hits by tier (chunks, served) |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in report["configs"]:
         s = r["summary"]
         if not s.get("completed"):
             lines.append(f"| {r['config']} | 0/{s['requests']} | failed: {r.get('error')} "
-                         "| | | | | | | | | |")
+                         "| | | | | | | | | | |")
             continue
         share = s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0
         lines.append(
@@ -56,7 +67,9 @@ def run_table(report: dict[str, Any]) -> str:
             f"| {s['output_tokens_per_s']:.1f} | {s['ttft_p50_s']:.3f} | {s['ttft_p99_s']:.3f} "
             f"| {_fmt(s['step_mean_ms'], 1)} | {_fmt(s['step_p99_ms'], 1)} "
             f"| {_fmt(s['decode_step_mean_ms'], 1)} | {share:.0%} "
-            f"| {s.get('promotion_allocation_failures', 0)} | {_hits(r)} |")
+            f"| {s.get('promotion_allocation_failures', 0)} "
+            f"| {_fmt(s.get('cpu_s'), 1)} ({_fmt(s.get('cpu_s_tier_threads'), 1)}) "
+            f"| {_hits(r, chunk)} |")
     return "\n".join(lines)
 
 
@@ -122,7 +135,7 @@ def compare_table(reports: list[dict[str, Any]], names: list[str]) -> str:
 
 
 def chart(report: dict[str, Any], path: Path) -> None:
-    """Four panels: requests/s, TTFT p50 and p99, engine step time, chunk hits by tier."""
+    """Four panels: requests/s, TTFT p50 and p99, engine step time, KV served by tier."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,17 +154,17 @@ def chart(report: dict[str, Any], path: Path) -> None:
     axes[1].legend()
     axes[2].bar(x, [v["step_mean_ms"] for v in s], color="tab:green")
     axes[2].set_title("engine step time, mean (ms)")
-    tiers: dict[str, list[int]] = {}
+    tiers: dict[str, list[float]] = {}
     for i, r in enumerate(done):
-        for tier, hits, _ in tier_rows(r):
+        for tier, _, mib in tier_rows(r, chunk_bytes(report)):
             if tier == "kvtier":  # the chain's own tiers below say which one served
                 continue
-            tiers.setdefault(tier, [0] * len(done))[i] += hits
-    bottom = [0] * len(done)
+            tiers.setdefault(tier, [0.0] * len(done))[i] += mib
+    bottom = [0.0] * len(done)
     for tier, hits in tiers.items():
         axes[3].bar(x, hits, bottom=bottom, label=tier)
         bottom = [b + h for b, h in zip(bottom, hits)]
-    axes[3].set_title("chunk hits by tier")
+    axes[3].set_title("KV served by tier (MiB)")
     if tiers:
         axes[3].legend(fontsize=8)
     shape = report["shape"]
