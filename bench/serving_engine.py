@@ -102,9 +102,12 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) of every thread of this process, by OS thread id.
 
     Python threads carry their name ("kvtier-fs_3" as "kvtier-fs_N"); threads
-    Python did not start (torch's OpenMP workers) are "native".
+    Python did not start (torch's OpenMP workers) are "native".  Call it on
+    the engine's (main) thread.
     """
     names = {t.native_id: re.sub(r"\d+", "N", t.name) for t in threading.enumerate()}
+    # after a fork the main thread's recorded native_id is the parent's
+    names[threading.get_native_id()] = threading.current_thread().name
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in os.listdir("/proc/self/task"):
