@@ -1,7 +1,8 @@
 """Tier-chain configuration: one YAML file (or dict) picks the tiers.
 
 The file holds ``chain`` (tier entries, top to bottom), optionally ``metrics``
-and ``version: 1``.  A tier takes the keys in :data:`TIER_KEYS`; its other keys
+and ``version: 1``.  A tier takes the keys in :data:`TIER_KEYS` (the
+fields of :class:`TierConfig` that carry a ``kind``); its other keys
 are options of its backend, validated against ``kvtier_options`` and parsed
 (sizes to bytes, durations to seconds).  ``${VAR}``, ``${VAR:-default}`` and
 ``$$`` are expanded in string values first.  Every error names the file, the
@@ -14,7 +15,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NoReturn
 
@@ -30,10 +31,6 @@ from kvtier.spec import ConfigError, Option, PluginError
 
 __all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config"]
 
-#: Keys every tier entry accepts, whatever its backend.
-TIER_KEYS = frozenset(
-    {"name", "backend", "codec", "codec_level", "shuffle", "write", "promote", "verify", "workers"}
-)
 _TOP_KEYS = ("chain", "metrics", "version")
 _METRICS_KEYS = ("prometheus_port", "log_interval")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -59,24 +56,42 @@ _MAX_DEPTH = 64
 _SHUFFLE_SETTINGS = (0, 1, *SHUFFLE_WIDTHS)
 
 
+def _tier_key(kind: str, choices: tuple[Any, ...] | None = None) -> Mapping[str, Any]:
+    """Metadata marking a :class:`TierConfig` field as a tier key, parsed as ``kind``."""
+    return MappingProxyType({"kind": kind, "choices": choices})
+
+
 @dataclass(frozen=True)
 class TierConfig:
-    """One validated tier entry."""
+    """One validated tier entry.
 
-    name: str
-    backend: str
+    The fields whose metadata is a ``_tier_key`` are the keys every tier entry takes,
+    whatever its backend (:data:`TIER_KEYS`): their kind, choices and
+    defaults are stated here only.
+    """
+
+    name: str = field(metadata=_tier_key("str"))
+    backend: str = field(metadata=_tier_key("str"))
     #: Backend options: validated, parsed, defaults filled (``None`` if unset).
     options: Mapping[str, Any]
-    codec: str = "none"
-    codec_level: int = 1
-    shuffle: str | int = "auto"
-    write: str = "through"
-    promote: bool = True
-    verify: bool = True
-    workers: int = 2
+    codec: str = field(default="none", metadata=_tier_key("str", tuple(CODECS)))
+    codec_level: int = field(default=1, metadata=_tier_key("int"))
+    #: ``"auto"`` or an element width; see :meth:`_Validator.shuffle`.
+    shuffle: str | int = field(default="auto", metadata=_tier_key("shuffle"))
+    write: str = field(default="through", metadata=_tier_key("str", ("through", "back")))
+    promote: bool = field(default=True, metadata=_tier_key("bool"))
+    verify: bool = field(default=True, metadata=_tier_key("bool"))
+    workers: int = field(default=2, metadata=_tier_key("int"))
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()
+
+
+#: The fields a tier entry sets, in declaration order.
+_TIER_FIELDS = tuple(f for f in fields(TierConfig) if "kind" in f.metadata)
+#: Keys every tier entry accepts, whatever its backend.
+TIER_KEYS = frozenset(f.name for f in _TIER_FIELDS)
+_TIER_DEFAULTS = MappingProxyType({f.name: f.default for f in _TIER_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -357,24 +372,26 @@ class _Validator:
             self.fail(f"{path}.write", "'write' has no meaning on the first tier "
                       "(it sets how a tier is written from the tier above)")
         kw: dict[str, Any] = {}
-        for key, kind, choices in (("codec", "str", tuple(CODECS)), ("write", "str",
-                                   ("through", "back")), ("codec_level", "int", None),
-                                   ("promote", "bool", None), ("verify", "bool", None),
-                                   ("workers", "int", None)):
-            val = self.scalar(entry.get(key), f"{path}.{key}", kind, choices=choices)
+        for tier_key in _TIER_FIELDS[2:]:  # name and backend are read above
+            key, kind = tier_key.name, tier_key.metadata["kind"]
+            if kind == "shuffle":
+                kw[key] = self.shuffle(entry.get(key), f"{path}.{key}")
+                continue
+            val = self.scalar(entry.get(key), f"{path}.{key}", kind,
+                              choices=tier_key.metadata["choices"])
             if val is not None:
                 kw[key] = val
-        if kw.get("codec_level", 1) not in ZSTD_LEVELS:
+        level, workers = (kw.get(k, _TIER_DEFAULTS[k]) for k in ("codec_level", "workers"))
+        if level not in ZSTD_LEVELS:
             self.fail(f"{path}.codec_level", f"zstd levels run from {ZSTD_LEVELS[0]} to "
-                      f"{ZSTD_LEVELS[-1]}, got {kw['codec_level']}")
-        if not 1 <= kw.get("workers", 2) <= 64:
-            self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {kw['workers']}")
-        shuffle = self.shuffle(entry.get("shuffle"), f"{path}.shuffle")
+                      f"{ZSTD_LEVELS[-1]}, got {level}")
+        if not 1 <= workers <= 64:
+            self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {workers}")
         options: dict[str, Any] = {}
         for key, opt in declared.items():
             options[key] = self.option(entry.get(key), f"{path}.{key}", opt, backend)
         return TierConfig(name=name, backend=backend, options=MappingProxyType(options),
-                          shuffle=shuffle, where=self.where(path), secret_options=secret, **kw)
+                          where=self.where(path), secret_options=secret, **kw)
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:
         try:

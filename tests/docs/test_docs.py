@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 import kvtier
-from kvtier.config import TIER_KEYS, load_config
+from kvtier.config import TIER_KEYS, TierConfig, load_config
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import hookspecs
 
@@ -45,6 +46,14 @@ def test_readme_yaml_example_validates(tmp_path: Path) -> None:
 def test_readme_tier_key_table_lists_every_tier_key() -> None:
     documented = set(re.findall(r"^\| `(\w+)` \| [^|]+ \| [^|]+ \|$", README, flags=re.M))
     assert documented == set(TIER_KEYS)
+
+
+def test_readme_tier_key_table_gives_the_defaults_of_tier_config() -> None:
+    documented = dict(re.findall(r"^\| `(\w+)` \| `?([^|`]+)`? \| [^|]+ \|$", README, flags=re.M))
+    for f in dataclasses.fields(TierConfig):
+        if f.name in TIER_KEYS:
+            want = "required" if f.default is dataclasses.MISSING else str(f.default).lower()
+            assert documented[f.name] == want, f.name
 
 
 @pytest.mark.parametrize("backend", ["host", "fs", "object", "peer"])
