@@ -36,6 +36,8 @@ import numpy as np
 
 from kvtier.spec import ConfigError
 
+from ._batch import Failed, byte_views, copy_bytes, scatter
+
 __all__ = [
     "DIRECT_MIN",
     "STALE_TMP_SECONDS",
@@ -73,8 +75,6 @@ _DIRECT_MAX = 64 << 20
 #: O_DIRECT wants file offset, length and memory aligned to the device's
 #: logical block; 4 KiB covers every common device.
 _ALIGN = 4096
-#: Below this, copying with the GIL held costs less than entering numpy.
-_SMALL_COPY = 64 << 10
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: preadv2 flag: answer EAGAIN instead of waiting for the disk (Linux >= 4.14).
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
@@ -117,22 +117,6 @@ _COUNTER = itertools.count()
 
 def _tmp_name() -> str:
     return f"{TMP_PREFIX}{os.getpid()}-{_TOKEN}{next(_COUNTER):x}"
-
-
-def _byte_views(parts: Sequence[Any]) -> list[Any]:
-    """The non-empty buffers of a gather/scatter list, each sized in bytes.
-
-    bytes and bytearray pass through as they are; anything else becomes a
-    memoryview cast to unsigned bytes, so that len() counts bytes even for,
-    say, a float16 array's view.
-    """
-    out = []
-    for p in parts:
-        if type(p) is not bytes and type(p) is not bytearray:
-            p = memoryview(p).cast("B")
-        if len(p):
-            out.append(p)
-    return out
 
 
 @dataclass(frozen=True)
@@ -264,7 +248,7 @@ class LocalStore(Store):
         published = False
         try:
             try:
-                size = _writev_all(fd, _byte_views(parts))
+                size = _writev_all(fd, byte_views(parts))
                 if fsync:
                     os.fsync(fd)
             finally:
@@ -313,7 +297,7 @@ class LocalStore(Store):
             return None
         try:
             size = os.fstat(fd).st_size
-            bufs = _byte_views(buffers)
+            bufs = byte_views(buffers)
             if size != sum(map(len, bufs)):
                 return size  # the caller falls back to get(); skip the read
             if not size:
@@ -391,7 +375,7 @@ class LocalStore(Store):
                 got = os.preadv(fd, iov[:_IOV_MAX], 0) if len(iov) <= _IOV_MAX else -1
                 if got == size:
                     for src, dst in copies:
-                        _copy(src, dst)
+                        copy_bytes(src, dst)
                     return size
             # odd scatter lists, and the rare short read: the whole file at once
             bounce = _bounce_buffer(size)
@@ -409,7 +393,7 @@ class LocalStore(Store):
             self.direct_min = 0
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
             return None
-        _scatter(bounce, min(got, size), bufs)
+        scatter(bounce, bufs, min(got, size))
         return got if got < size else size
 
     def size(self, key: bytes) -> int | None:
@@ -431,7 +415,7 @@ class LocalStore(Store):
         except FileNotFoundError:
             return False
         try:
-            _writev_all(fd, _byte_views([data]))
+            _writev_all(fd, byte_views([data]))
         finally:
             os.close(fd)
         return True
@@ -632,7 +616,7 @@ class RemoteStore(Store):
         data = self.read(key)
         if data is None:
             return None
-        views = _byte_views(buffers)
+        views = byte_views(buffers)
         if len(data) == sum(len(v) for v in views):
             src = memoryview(data)
             offset = 0
@@ -708,15 +692,6 @@ def _mtime(info: dict[str, Any]) -> float:
     return 0.0
 
 
-class _Failed:
-    """An exception caught in a worker, re-raised by the calling thread."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
 def run_batch(
     pool: ThreadPoolExecutor, workers: int, fn: Callable[[T], R], items: Sequence[T]
 ) -> list[R]:
@@ -742,7 +717,7 @@ def run_batch(
             try:
                 results[i] = fn(items[i])
             except BaseException as exc:
-                results[i] = _Failed(exc)
+                results[i] = Failed(exc)
 
     futures: list[Future[None]] = []
     for _ in range(min(workers, n) - 1):
@@ -754,7 +729,7 @@ def run_batch(
     for future in futures:
         future.result()
     for r in results:
-        if isinstance(r, _Failed):
+        if isinstance(r, Failed):
             raise r.exc
     return results
 
@@ -795,21 +770,3 @@ def _direct_plan(
         iov.append(slot)
         copies.append((slot[:n], buf))
     return iov, copies
-
-
-def _copy(src: memoryview, dst: Any) -> None:
-    if len(src) < _SMALL_COPY:
-        memoryview(dst)[:] = src
-    else:
-        np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
-
-
-def _scatter(src: memoryview, size: int, bufs: Sequence[Any]) -> None:
-    """Copy ``src[:size]`` into ``bufs`` in order."""
-    offset = 0
-    for buf in bufs:
-        n = min(len(buf), size - offset)
-        if n <= 0:
-            break
-        _copy(src[offset : offset + n], memoryview(buf)[:n])
-        offset += n

@@ -38,6 +38,7 @@ from kvtier.spec import (
     hookimpl,
 )
 
+from ._batch import joined, nbytes
 from ._fsindex import load_index, save_index
 from ._fslayout import (
     DIRECT_MIN,
@@ -131,16 +132,6 @@ _USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 def _redact(url: str) -> str:
     """The URL without any ``user:password@`` part, for messages."""
     return _USERINFO_RE.sub(r"\1***@", url)
-
-
-def _nbytes(block: BytesLike) -> int:
-    return block.nbytes if isinstance(block, memoryview) else len(block)
-
-
-def _joined(parts: Sequence[BytesLike]) -> bytes:
-    if len(parts) == 1 and isinstance(parts[0], bytes):
-        return parts[0]
-    return b"".join(parts)
 
 
 class FsBackend:
@@ -347,7 +338,7 @@ class FsBackend:
         parts: Sequence[Sequence[BytesLike]],
         evicted: MutableSequence[tuple[bytes, BytesLike]],
     ) -> Sequence[bool]:
-        sizes = [sum(map(_nbytes, ps)) for ps in parts]
+        sizes = [sum(map(nbytes, ps)) for ps in parts]
         return self._put(keys, parts, sizes, evicted)
 
     def _put(
@@ -520,7 +511,7 @@ class FsBackend:
             # so a concurrent reader finds it here or there, never nowhere.
             found = iter(self._map(self._store.read, stored, "evict"))
             for key, i in victims:
-                data = next(found) if i is None else _joined(parts[i])
+                data = next(found) if i is None else joined(parts[i])
                 if data is not None:  # None: another process deleted it first
                     evicted.append((key, data))
                     total += len(data)

@@ -60,6 +60,8 @@ from kvtier.spec import (
     hookimpl,
 )
 
+from ._batch import joined, nbytes, own, parts_nbytes, scatter
+
 __all__ = ["EVICTION_POLICIES", "HostBackend"]
 
 EVICTION_POLICIES = ("lru", "arc")
@@ -290,27 +292,6 @@ _Policy: TypeAlias = "_Lru | _Arc"
 _POLICIES: Mapping[str, Callable[[int], _Policy]] = {"lru": _Lru, "arc": _Arc}
 
 
-def _nbytes(block: BytesLike) -> int:
-    # len() of a memoryview counts items, not bytes
-    return block.nbytes if isinstance(block, memoryview) else len(block)
-
-
-def _own(block: BytesLike) -> bytes:
-    # bytes is immutable, so holding the caller's object is as good as a copy
-    return block if type(block) is bytes else bytes(block)
-
-
-def _scatter(data: bytes, buffers: Sequence[memoryview]) -> None:
-    offset = 0
-    with memoryview(data) as src:
-        for dst in buffers:
-            if dst.format != "B" or dst.ndim != 1:
-                dst = dst.cast("B")
-            end = offset + dst.nbytes
-            dst[:] = src[offset:end]
-            offset = end
-
-
 _malloc_tuned = False
 #: Freed heap glibc keeps mapped (the trim threshold set by _tune_malloc); 0 if untuned.
 _kept_heap = 0
@@ -492,14 +473,14 @@ class HostBackend:
         self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
     ) -> list[bool]:
         _check_batch(keys, blocks)
-        return self._put(keys, blocks, _nbytes, _own, evicted)
+        return self._put(keys, blocks, nbytes, own, evicted)
 
     @hookimpl
     def kvtier_put_parts(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
     ) -> list[bool]:
         _check_batch(keys, parts)
-        return self._put(keys, parts, _parts_nbytes, b"".join, evicted)
+        return self._put(keys, parts, parts_nbytes, joined, evicted)
 
     @hookimpl
     def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -523,7 +504,7 @@ class HostBackend:
                 sizes.append(None)
                 continue
             if len(data) == sum(buf.nbytes for buf in bufs):
-                _scatter(data, bufs)
+                scatter(data, bufs)
             sizes.append(len(data))
         return sizes
 
@@ -596,7 +577,3 @@ class HostBackend:
                     policy.admit(key, to_bytes(block), evicted)
                     stored.append(True)
         return stored
-
-
-def _parts_nbytes(parts: Sequence[BytesLike]) -> int:
-    return sum(_nbytes(part) for part in parts)

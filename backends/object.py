@@ -48,6 +48,8 @@ from kvtier.spec import (
     hookimpl,
 )
 
+from ._batch import Failed, first_positions, nbytes
+
 if TYPE_CHECKING:
     from obstore.store import S3Config
 
@@ -105,15 +107,6 @@ _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
 _STATUS_RE = re.compile(r"status code: (\d{3})")
 _CODE_RE = re.compile(r"<Code>(\w+)</Code>")
-
-
-class _Failed:
-    """An exception caught in a worker thread, re-raised by the caller."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
 
 
 def _first_line(exc: Exception) -> str:
@@ -297,8 +290,8 @@ class ObjectBackend:
     def kvtier_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> Sequence[bool]:
         # no `evicted` parameter: reports_evictions=False, capacity deletes are not handed on
         store = self._live_store()
-        first = _first_positions(keys)
-        sizes = {k: memoryview(blocks[i]).nbytes for k, i in first.items()}
+        first = first_positions(keys)
+        sizes = {k: nbytes(blocks[i]) for k, i in first.items()}
         cap = self._capacity
         todo = [k for k in first if cap is None or sizes[k] <= cap]
 
@@ -312,7 +305,7 @@ class ObjectBackend:
         victims: list[bytes] = []
         with self._lock:
             for key, out in zip(todo, outcomes):
-                if isinstance(out, _Failed):
+                if isinstance(out, Failed):
                     failure = failure or out.exc
                     continue
                 stored[key] = True
@@ -348,19 +341,19 @@ class ObjectBackend:
                 # another writer of the same key -- harmless, blocks are immutable.
                 self._conditional = False
             else:
-                self._count(uploads=1, uploaded_bytes=memoryview(block).nbytes)
+                self._count(uploads=1, uploaded_bytes=nbytes(block))
                 return True
         if self._exists(store, key):
             self._count(already_stored=1)
             return False
         obstore.put(store, path, block, use_multipart=False)
-        self._count(uploads=1, uploaded_bytes=memoryview(block).nbytes)
+        self._count(uploads=1, uploaded_bytes=nbytes(block))
         return True
 
     @hookimpl
     def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         store = self._live_store()
-        unique = list(_first_positions(keys))
+        unique = list(first_positions(keys))
 
         def fetch(key: bytes) -> memoryview | None:
             try:
@@ -374,7 +367,7 @@ class ObjectBackend:
         failure: Exception | None = None
         with self._lock:
             for key, out in zip(unique, outcomes):
-                if isinstance(out, _Failed):
+                if isinstance(out, Failed):
                     failure = failure or out.exc
                     continue
                 found[key] = out
@@ -394,13 +387,13 @@ class ObjectBackend:
                 if entry is not None and entry[1] > now:
                     answers[key] = entry[0]
             self._stats["cache_hits"] += len(answers)
-        ask = [k for k in _first_positions(keys) if k not in answers]
+        ask = [k for k in first_positions(keys) if k not in answers]
         if ask:
             outcomes = self._map(lambda k: self._exists(store, k), ask)
             failure: Exception | None = None
             with self._lock:
                 for key, out in zip(ask, outcomes):
-                    if isinstance(out, _Failed):
+                    if isinstance(out, Failed):
                         failure = failure or out.exc
                         continue
                     answers[key] = out
@@ -420,11 +413,11 @@ class ObjectBackend:
     @hookimpl
     def kvtier_evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
         store = self._live_store()
-        unique = list(_first_positions(keys))
+        unique = list(first_positions(keys))
         # S3 answers a DELETE of a missing object with 204 as well: ask first,
         # so that the answer says whether this call removed something
         outcomes = self._map(lambda k: self._exists(store, k), unique)
-        failed = [o.exc for o in outcomes if isinstance(o, _Failed)]
+        failed = [o.exc for o in outcomes if isinstance(o, Failed)]
         if failed:
             raise self._fault(failed[0], "evict") from failed[0]
         present = [k for k, out in zip(unique, outcomes) if out is True]
@@ -590,14 +583,14 @@ class ObjectBackend:
             for name, n in amounts.items():
                 self._stats[name] += n
 
-    def _map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R | _Failed]:
+    def _map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R | Failed[Exception]]:
         """``fn`` over ``items`` on the pool, exceptions caught per item, results in order."""
 
-        def safe(item: T) -> R | _Failed:
+        def safe(item: T) -> R | Failed[Exception]:
             try:
                 return fn(item)
             except Exception as exc:
-                return _Failed(exc)
+                return Failed(exc)
 
         pool = self._pool
         if len(items) <= 1 or pool is None:
@@ -642,11 +635,3 @@ class ObjectBackend:
                 f"{self._bucket!r} ({why})"
             )
         return BackendError(f"object tier {self._where}: {op} failed: {detail}")
-
-
-def _first_positions(keys: Sequence[bytes]) -> dict[bytes, int]:
-    """Each distinct key of a batch and where it first occurs, in batch order."""
-    first: dict[bytes, int] = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
-    return first

@@ -67,6 +67,8 @@ from kvtier.spec import (
     hookimpl,
 )
 
+from ._batch import parts_nbytes
+
 __all__ = ["PeerBackend"]
 
 log = logging.getLogger("kvtier.backends.peer")
@@ -436,7 +438,7 @@ class PeerBackend:
 
     def _put(self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]]) -> list[bool]:
         self._check_open()
-        sizes = [sum(memoryview(p).nbytes for p in block) for block in parts]
+        sizes = [parts_nbytes(block) for block in parts]
         stored = [False] * len(keys)
         # a block larger than a frame can never travel: refused, like a full store
         fits = [i for i, size in enumerate(sizes) if size <= self._max_payload]
