@@ -19,20 +19,20 @@ skipped (its reads are misses) until its back-off expires.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
-from typing import Any, Literal, SupportsIndex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
 
 from kvtier.block import framing
+from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
 from kvtier.chain.events import ChainListener, Listeners
+from kvtier.chain.jobs import JobResult, Jobs
+from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
@@ -46,43 +46,13 @@ log = logging.getLogger("kvtier.chain")
 #: Bytes of asynchronous writes that may wait for one tier before writers block.
 DEFAULT_BACKLOG_BYTES = 256 << 20
 
-
-@dataclass(frozen=True)
-class JobResult:
-    """A finished asynchronous job.
-
-    ``result`` is what the synchronous call would have returned; ``error``
-    is set (and ``result`` empty) only if the chain itself failed, which
-    backend faults never cause.
-    """
-
-    job_id: int
-    kind: Literal["put", "get", "lookup"]
-    result: list[Any]
-    error: BaseException | None = None
-
-
-class _Backlog:
-    """Bytes of queued asynchronous writes for one tier."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.pending = 0
-        self.cond = threading.Condition()
-
-    def acquire(self, nbytes: int, block: bool = True) -> bool:
-        with self.cond:
-            while self.pending and self.pending + nbytes > self.limit:
-                if not block:
-                    return False
-                self.cond.wait()
-            self.pending += nbytes
-            return True
-
-    def release(self, nbytes: int) -> None:
-        with self.cond:
-            self.pending -= nbytes
-            self.cond.notify_all()
+#: What a tier's part of a walk does with the indices offered to it: per
+#: index, True where this tier settled it (stored it, found it).
+Step = Callable[[int, Tier, list[int]], Sequence[bool]]
+#: Why blocks are written to a tier: a caller's put, or the chain's own traffic.
+WriteKind = Literal["put", "through", "demote", "promote"]
+#: How often a read walks the tiers for keys that moved down while it walked.
+_READ_WALKS = 3
 
 
 def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
@@ -95,6 +65,13 @@ def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
     return out
 
 
+def _one_frame(parts: Sequence[BytesLike]) -> BytesLike:
+    """A frame from its parts; one already joined into ``bytes`` is not copied again."""
+    if len(parts) == 1 and isinstance(parts[0], bytes):
+        return parts[0]
+    return b"".join(parts)
+
+
 def _writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
     if len(buffers) != n:
         raise ValueError(f"got {len(buffers)} output buffers for {n} keys")
@@ -105,38 +82,6 @@ def _writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
             raise TypeError("output buffers must be writable (bytearray, numpy array, ...)")
         views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
     return views
-
-
-class _DemotionSink(list[tuple[bytes, BytesLike]]):
-    """An evicted list that registers each reported block as on its way to tier ``below``."""
-
-    def __init__(self, chain: Chain, below: int) -> None:
-        super().__init__()
-        self._chain, self._below = chain, below
-
-    def _register(self, items: Iterable[tuple[bytes, BytesLike]]) -> None:
-        with self._chain._demoting_lock:
-            for key, blob in items:
-                self._chain._demoting[key] = (self._below, blob)
-
-    def append(self, item: tuple[bytes, BytesLike]) -> None:
-        self._register((item,))
-        super().append(item)
-
-    def insert(self, index: SupportsIndex, item: tuple[bytes, BytesLike]) -> None:
-        self._register((item,))
-        super().insert(index, item)
-
-    def extend(self, items: Iterable[tuple[bytes, BytesLike]]) -> None:
-        items = list(items)
-        self._register(items)
-        super().extend(items)
-
-    def __iadd__(  # type: ignore[override, misc]
-        self, items: Iterable[tuple[bytes, BytesLike]]
-    ) -> _DemotionSink:
-        self.extend(items)
-        return self
 
 
 class Chain:
@@ -172,25 +117,18 @@ class Chain:
             ThreadPoolExecutor(t.config.workers, thread_name_prefix=f"kvtier-{t.name}")
             for t in self.tiers
         ]
-        self._backlogs = [_Backlog(backlog_bytes) for _ in self.tiers]
-        self._inflight = 0
-        self._idle = threading.Condition()
-        self._jobs = ThreadPoolExecutor(job_workers, thread_name_prefix="kvtier-job")
-        self._job_ids = itertools.count(1)
-        self._job_futures: dict[int, Future[None]] = {}
-        self._done: list[JobResult] = []
-        self._lock = threading.Lock()
-        # blocks on their way down (demoted, or written through): readable meanwhile
-        self._demoting: dict[bytes, tuple[int, BytesLike]] = {}
-        self._demoting_lock = threading.Lock()
+        self._backlogs = [Backlog(backlog_bytes) for _ in self.tiers]
+        self._pending = Pending()
+        self._queued = Queued()  # blocks on their way down: readable meanwhile
+        self._jobs = Jobs(job_workers)
         # Per tier: keys it holds that the write-back tier below has not got
         # yet, for tiers that lose their blocks at close (RAM).  Close saves
         # them below, so write-back costs no block a write-through would keep.
         self._unsaved: list[set[bytes] | None] = [
             set() if self._keeps_unsaved(i) else None for i in range(len(self.tiers))
         ]
+        self._unsaved_lock = threading.Lock()
         self._listeners = Listeners()  # see add_listener
-        self._closing = False  # no new jobs; running ones finish
         self._closed = False
         self._reporter: MetricsReporter | None = None
         if config.metrics.prometheus_port is not None or config.metrics.log_interval:
@@ -211,6 +149,73 @@ class Chain:
         if self._closed:
             raise ClosedError("chain is closed")
 
+    # the walk -------------------------------------------------------------------
+    def _walk(self, items: Iterable[int], step: Step) -> list[int]:
+        """Offer ``items`` (indices into the caller's keys) to each tier in order,
+        until every one is settled.
+
+        Every read and write is this walk: ``step`` does one tier's part
+        with the items still open and says which it settled.  Returns the
+        items no tier settled.
+        """
+        remaining = list(items)
+        for index, tier in enumerate(self.tiers):
+            if not remaining:
+                break
+            settled = step(index, tier, remaining)
+            remaining = [i for i, done in zip(remaining, settled) if not done]
+        return remaining
+
+    def _read_walk(
+        self, keys: Sequence[bytes], step: Step
+    ) -> tuple[list[int], list[tuple[int, int, BytesLike]]]:
+        """The walk of a read: ``(items missed, (item, tier index, frame) served from the queue)``.
+
+        A missed key may be on its way down: its queued copy serves it.  A
+        block can also leave a tier the walk has yet to reach and land in
+        one it has passed, entering and leaving the queue during the walk;
+        the queue's count of entries says whether that could have happened,
+        and then the keys still missed are walked again.
+        """
+        pending: Iterable[int] = range(len(keys))
+        queued: list[tuple[int, int, BytesLike]] = []
+        for _ in range(_READ_WALKS):
+            entries = self._queued.entries  # read first: an entry after it counts
+            early = self._queued.snapshot(keys)
+            missed = []
+            for i in self._walk(pending, step):
+                found = self._queued.find(keys[i], early)
+                if found is None:
+                    missed.append(i)
+                else:
+                    queued.append((i, *found))
+            if not missed or self._queued.entries == entries:
+                break
+            pending = missed
+        return missed, queued
+
+    def _decode_queued(
+        self, index: int, key: bytes, blob: BytesLike, out: memoryview | None
+    ) -> bytes | None:
+        """Serve a queued block as its tier would: checked, and counted there.
+
+        Into ``out`` when given (then the answer is ``b""``), else as new bytes.
+        """
+        tier = self.tiers[index]
+        try:
+            if out is None:
+                buffer = bytearray(framing.parse_header(blob, self._ns, key).raw_len)
+                framing.decode_into(blob, self._ns, key, memoryview(buffer), verify=tier.verify)
+                served, nbytes = bytes(buffer), len(buffer)
+            else:
+                framing.decode_into(blob, self._ns, key, out, verify=tier.verify)
+                served, nbytes = b"", out.nbytes
+        except CorruptBlockError:
+            tier.stats.add(corrupt=1)
+            return None
+        tier.stats.add(hits=1, bytes_out=nbytes)
+        return served
+
     # writes -------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> list[bool]:
         """Store ``blocks[i]`` under ``keys[i]``; True where some tier took it.
@@ -224,53 +229,95 @@ class Chain:
         if len(blocks) != len(keys):
             raise ValueError(f"got {len(blocks)} blocks for {len(keys)} keys")
         payloads = [memoryview(b).cast("B") for b in blocks]
-        result = [False] * len(keys)
-        remaining = list(range(len(keys)))
-        for index, tier in enumerate(self.tiers):
-            if not remaining:
-                break
-            sub_keys = [keys[i] for i in remaining]
-            flags, evicted, blobs = tier.put_payloads(
-                sub_keys, [payloads[i] for i in remaining], self._evicted_sink(index)
+
+        def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            sub_keys = [keys[i] for i in offered]
+            flags, evicted, frames = tier.put_payloads(
+                sub_keys, [payloads[i] for i in offered], self._evicted_sink(index)
             )
-            stored = [(i, blob) for i, flag, blob in zip(remaining, flags, blobs) if flag]
-            self._mark_unsaved(index, (keys[i] for i, _ in stored), True)
-            self._handle_evicted(index, evicted)
-            self._emit("stored", index, (keys[i] for i, _ in stored), "put")
-            for i, _ in stored:
-                result[i] = True
-            if stored and self._writes_through(index):
-                below = self.tiers[index + 1]
-                self._submit_write(
-                    index + 1,
-                    [keys[i] for i, _ in stored],
-                    [
-                        blob
-                        if blob is not None and below.codec == tier.codec
-                        else framing.encode(self._ns, keys[i], payloads[i], below.codec)
-                        for i, blob in stored
-                    ],
-                    "through",
-                )
-            remaining = [i for i, flag in zip(remaining, flags) if not flag]
-        return result
+
+            def frame_below(j: int) -> BytesLike:
+                # the frame this tier stored serves the tier below if their
+                # codecs agree; the join is the copy the queue needs anyway
+                codec = self.tiers[index + 1].codec
+                if codec == tier.codec:
+                    return _one_frame(frames[j])
+                return framing.encode(self._ns, sub_keys[j], payloads[offered[j]], codec)
+
+            self._stored(index, sub_keys, flags, evicted, "put", frame_below, trusted=True)
+            return flags
+
+        misses = set(self._walk(range(len(keys)), step))
+        return [i not in misses for i in range(len(keys))]
+
+    def put_blobs(self, keys: Sequence[bytes], blobs: Sequence[BytesLike]) -> list[bool]:
+        """Store framed blocks (made by another chain of the same namespace).
+
+        Each blob's header must match this chain's namespace and the key, or
+        it is refused (False).  Tiers below follow their write policies.
+        """
+        self._check_open()
+        keys = _check_keys(keys)
+        if len(blobs) != len(keys):
+            raise ValueError(f"got {len(blobs)} blocks for {len(keys)} keys")
+
+        def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
+            flags, evicted = tier.put_blobs(sub_keys, sub_blobs, self._evicted_sink(index))
+            # a copy for the queue: the caller may reuse its buffers
+            self._stored(
+                index, sub_keys, flags, evicted, "put", lambda j: bytes(sub_blobs[j]),
+                trusted=False,
+            )
+            return flags
+
+        misses = set(self._walk(range(len(keys)), step))
+        return [i not in misses for i in range(len(keys))]
+
+    def _stored(
+        self,
+        index: int,
+        keys: Sequence[bytes],
+        flags: Sequence[bool],
+        evicted: Evicted,
+        kind: WriteKind,
+        frame_below: Callable[[int], BytesLike],
+        *,
+        trusted: bool,
+    ) -> None:
+        """Settle a finished write into tier ``index``: every write's results go here.
+
+        Marks what a RAM tier must save below at close, sends capacity
+        victims down, tells listeners, and writes what was stored through
+        to the tier below when its policy asks (``frame_below(j)`` is the
+        frame for ``keys[j]``).  Promoted copies go no further down: they
+        came from there.
+        """
+        stored = [j for j, flag in enumerate(flags) if flag]
+        if kind != "promote":
+            self._mark_unsaved(index, (keys[j] for j in stored), True)
+        self._handle_evicted(index, evicted)
+        self._emit("stored", index, (keys[j] for j in stored), kind)
+        if stored and kind != "promote" and self._writes_through(index):
+            self._submit_write(
+                index + 1, [keys[j] for j in stored], [frame_below(j) for j in stored],
+                "through", trusted=trusted,
+            )
 
     def _writes_through(self, index: int) -> bool:
         return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "through"
 
+    def _writes_back(self, index: int) -> bool:
+        return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "back"
+
     def _keeps_unsaved(self, index: int) -> bool:
-        below = index + 1
-        return (
-            below < len(self.tiers)
-            and self.tiers[below].config.write == "back"
-            and not self.tiers[index].capabilities.persistent
-        )
+        return self._writes_back(index) and not self.tiers[index].capabilities.persistent
 
     def _mark_unsaved(self, index: int, keys: Iterable[bytes], unsaved: bool) -> None:
         held = self._unsaved[index]
         if held is None:
             return
-        with self._demoting_lock:
+        with self._unsaved_lock:
             if unsaved:
                 held.update(keys)
             else:
@@ -284,7 +331,7 @@ class Chain:
         for index, held in enumerate(self._unsaved):
             if not held:
                 continue
-            with self._demoting_lock:
+            with self._unsaved_lock:
                 keys = list(held)
                 held.clear()
             below = self.tiers[index + 1]
@@ -303,32 +350,28 @@ class Chain:
                 self._mark_unsaved(index + 1, saved, True)
 
     def _evicted_sink(self, index: int) -> Evicted:
-        """The list a put into tier ``index`` reports its capacity victims in.
-
-        Above a write-back tier, a victim becomes readable from the chain
-        the moment the backend reports it, not when the put returns: by then
-        the backend may long have dropped it, and a reader would find the
-        block nowhere for the rest of the put.
-        """
-        below = index + 1
-        if below < len(self.tiers) and self.tiers[below].config.write == "back":
-            return _DemotionSink(self, below)
-        return []
+        """The list a put into tier ``index`` reports its capacity victims in."""
+        return DemotionSink(self._queued, index + 1) if self._writes_back(index) else []
 
     def _handle_evicted(self, index: int, evicted: Evicted) -> None:
         if not evicted:
             return
         self._mark_unsaved(index, (k for k, _ in evicted), False)
-        below = index + 1
-        if below < len(self.tiers) and self.tiers[below].config.write == "back":
-            with self._demoting_lock:
-                for key, blob in evicted:
-                    self._demoting[key] = (below, blob)
-            self._submit_write(below, [k for k, _ in evicted], [b for _, b in evicted], "demote")
+        if self._writes_back(index):
+            self._queued.add(index + 1, evicted)
+            self._submit_write(
+                index + 1, [k for k, _ in evicted], [b for _, b in evicted], "demote"
+            )
         self._emit("removed", index, (k for k, _ in evicted), "capacity")
 
     def _submit_write(
-        self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str
+        self,
+        index: int,
+        keys: list[bytes],
+        blobs: list[BytesLike],
+        kind: WriteKind,
+        *,
+        trusted: bool = False,
     ) -> bool:
         """Queue framed blocks for tier ``index``; promotions never wait for room.
 
@@ -340,36 +383,29 @@ class Chain:
             self.tiers[index].stats.add(dropped=len(keys))
             return False
         if kind == "through":
-            with self._demoting_lock:
-                for key, blob in zip(keys, blobs):
-                    self._demoting[key] = (index, blob)
-        with self._idle:
-            self._inflight += 1
+            self._queued.add(index, zip(keys, blobs))
+        self._pending.start()
         try:
-            self._writers[index].submit(self._write, index, keys, blobs, kind, nbytes)
+            self._writers[index].submit(self._write, index, keys, blobs, kind, trusted, nbytes)
         except RuntimeError:  # executor shut down: the chain is closing
-            self._landed(index, keys, blobs, kind)
-            self._write_done(index, nbytes)
+            self._write_done(index, keys, blobs, nbytes)
             return False
         return True
 
-    def _landed(self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str) -> None:
-        """Forget blocks of a finished write that were readable while queued."""
-        if kind not in ("demote", "through"):
-            return
-        with self._demoting_lock:
-            for key, blob in zip(keys, blobs):
-                if self._demoting.get(key, (index, None))[1] is blob:
-                    del self._demoting[key]
-
     def _write(
-        self, index: int, keys: list[bytes], blobs: list[BytesLike], kind: str, nbytes: int
+        self,
+        index: int,
+        keys: list[bytes],
+        blobs: list[BytesLike],
+        kind: WriteKind,
+        trusted: bool,
+        nbytes: int,
     ) -> None:
         tier = self.tiers[index]
         try:
-            flags, evicted = tier.put_blobs(keys, blobs, self._evicted_sink(index))
-            self._handle_evicted(index, evicted)
-            self._emit("stored", index, (k for k, f in zip(keys, flags) if f), kind)
+            flags, evicted = tier.put_blobs(
+                keys, blobs, self._evicted_sink(index), trusted=trusted
+            )
             stored = sum(flags)
             if kind == "demote":
                 tier.stats.add(demoted=stored)
@@ -377,68 +413,22 @@ class Chain:
                 tier.stats.add(promoted=stored)
             if stored < len(flags) and not tier.healthy:
                 tier.stats.add(dropped=len(flags) - stored)
-            if kind != "promote" and stored and self._writes_through(index):
-                pairs = [(k, b) for k, b, f in zip(keys, blobs, flags) if f]
-                self._submit_write(
-                    index + 1, [k for k, _ in pairs], [b for _, b in pairs], "through"
-                )
+            self._stored(index, keys, flags, evicted, kind, blobs.__getitem__, trusted=trusted)
         except Exception:  # a bug here must not kill the worker silently
             log.exception("kvtier: asynchronous %s write to tier %r failed", kind, tier.name)
         finally:
-            self._landed(index, keys, blobs, kind)
-            self._write_done(index, nbytes)
+            self._write_done(index, keys, blobs, nbytes)
 
-    def _demotions_of(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, BytesLike]]:
-        """Pending demotions of ``keys``, taken before a read looks at the tiers.
-
-        A demotion that lands while the read walks the tiers has left this
-        map by the time the walk ends; the copy taken first still has it.
-        """
-        with self._demoting_lock:
-            if not self._demoting:
-                return {}
-            return {k: self._demoting[k] for k in keys if k in self._demoting}
-
-    def _pending_demotion(
-        self, key: bytes, early: dict[bytes, tuple[int, BytesLike]]
-    ) -> tuple[int, BytesLike] | None:
-        with self._demoting_lock:
-            return self._demoting.get(key) or early.get(key)
-
-    def _read_demoting(
-        self, key: bytes, out: memoryview | None, early: dict[bytes, tuple[int, BytesLike]]
-    ) -> bytes | bool:
-        """Serve a block evicted from a tier whose demotion has not landed yet."""
-        pending = self._pending_demotion(key, early)
-        if pending is None:
-            return False
-        index, blob = pending
-        tier = self.tiers[index]
-        try:
-            if out is None:
-                raw_len = framing.parse_header(blob, self._ns, key).raw_len
-                buffer = bytearray(raw_len)
-                framing.decode_into(blob, self._ns, key, memoryview(buffer), verify=tier.verify)
-                tier.stats.add(hits=1, bytes_out=raw_len)
-                return bytes(buffer)
-            framing.decode_into(blob, self._ns, key, out, verify=tier.verify)
-        except CorruptBlockError:
-            tier.stats.add(corrupt=1)
-            return False
-        tier.stats.add(hits=1, bytes_out=out.nbytes)
-        return True
-
-    def _write_done(self, index: int, nbytes: int) -> None:
+    def _write_done(
+        self, index: int, keys: list[bytes], blobs: list[BytesLike], nbytes: int
+    ) -> None:
+        self._queued.landed(index, keys, blobs)
         self._backlogs[index].release(nbytes)
-        with self._idle:
-            self._inflight -= 1
-            if not self._inflight:
-                self._idle.notify_all()
+        self._pending.done()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued asynchronous write (through, demotion, promotion) is done."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+        return self._pending.wait(timeout)
 
     # reads --------------------------------------------------------------------
     def get(self, keys: Sequence[bytes], out: Sequence[Any]) -> list[bool]:
@@ -450,22 +440,20 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
-        early = self._demotions_of(keys)
         outs = _writable(out, len(keys))
-        found = [False] * len(keys)
-        remaining = list(range(len(keys)))
-        for index, tier in enumerate(self.tiers):
-            if not remaining:
-                break
-            flags = tier.get_into([keys[i] for i in remaining], [outs[i] for i in remaining])
-            hits = [i for i, flag in zip(remaining, flags) if flag]
-            for i in hits:
-                found[i] = True
-            if hits and index:
-                self._promote(index, [keys[i] for i in hits], [outs[i] for i in hits])
-            remaining = [i for i, flag in zip(remaining, flags) if not flag]
-        for i in remaining:
-            found[i] = self._read_demoting(keys[i], outs[i], early) is True
+
+        def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            flags = tier.get_into([keys[i] for i in offered], [outs[i] for i in offered])
+            hits = [i for i, flag in zip(offered, flags) if flag]
+            self._promote(index, [keys[i] for i in hits], payloads=[outs[i] for i in hits])
+            return flags
+
+        misses, queued = self._read_walk(keys, step)
+        found = [True] * len(keys)
+        for i in misses:
+            found[i] = False
+        for i, index, blob in queued:
+            found[i] = self._decode_queued(index, keys[i], blob, outs[i]) is not None
         return found
 
     def get_bytes(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -476,22 +464,20 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
-        early = self._demotions_of(keys)
         found: list[bytes | None] = [None] * len(keys)
-        remaining = list(range(len(keys)))
-        for index, tier in enumerate(self.tiers):
-            if not remaining:
-                break
-            payloads = tier.get_payloads([keys[i] for i in remaining])
-            hits = [(i, p) for i, p in zip(remaining, payloads) if p is not None]
+
+        def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            payloads = tier.get_payloads([keys[i] for i in offered])
+            hits = [(i, p) for i, p in zip(offered, payloads) if p is not None]
             for i, payload in hits:
                 found[i] = payload
-            if hits and index:
-                self._promote(index, [keys[i] for i, _ in hits], [memoryview(p) for _, p in hits])
-            remaining = [i for i, p in zip(remaining, payloads) if p is None]
-        for i in remaining:
-            pending = self._read_demoting(keys[i], None, early)
-            found[i] = pending if isinstance(pending, bytes) else None
+            self._promote(
+                index, [keys[i] for i, _ in hits], payloads=[memoryview(p) for _, p in hits]
+            )
+            return [p is not None for p in payloads]
+
+        for i, index, blob in self._read_walk(keys, step)[1]:
+            found[i] = self._decode_queued(index, keys[i], blob, None)
         return found
 
     def get_blobs(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
@@ -501,96 +487,70 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
-        early = self._demotions_of(keys)
         found: list[BytesLike | None] = [None] * len(keys)
-        remaining = list(range(len(keys)))
-        for index, tier in enumerate(self.tiers):
-            if not remaining:
-                break
-            blobs = tier.get_blobs([keys[i] for i in remaining])
-            hits = [(i, b) for i, b in zip(remaining, blobs) if b is not None]
+
+        def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            blobs = tier.get_blobs([keys[i] for i in offered], counted=True)
+            hits = [(i, b) for i, b in zip(offered, blobs) if b is not None]
             for i, blob in hits:
                 found[i] = blob
-            tier.stats.add(hits=len(hits), misses=len(remaining) - len(hits))
-            targets = self._promotion_targets(index) if hits else []
-            if targets:
-                hit_keys = [keys[i] for i, _ in hits]
-                owned: list[BytesLike] = [bytes(b) for _, b in hits]  # one copy for all targets
-                for upper in targets:
-                    self._submit_write(upper, hit_keys, owned, "promote")
-            remaining = [i for i, b in zip(remaining, blobs) if b is None]
-        for i in remaining:
-            pending = self._pending_demotion(keys[i], early)
-            if pending is not None:
-                found[i] = pending[1]
+            self._promote(index, [keys[i] for i, _ in hits], blobs=[b for _, b in hits])
+            return [b is not None for b in blobs]
+
+        for i, index, blob in self._read_walk(keys, step)[1]:
+            found[i] = blob
+            self.tiers[index].stats.add(hits=1)
         return found
 
-    def put_blobs(self, keys: Sequence[bytes], blobs: Sequence[BytesLike]) -> list[bool]:
-        """Store framed blocks (made by another chain of the same namespace).
+    def _promote(
+        self,
+        source: int,
+        keys: list[bytes],
+        *,
+        payloads: Sequence[memoryview] = (),
+        blobs: Sequence[BytesLike] = (),
+    ) -> None:
+        """Copy hits of tier ``source`` up into the tiers above that take promotions.
 
-        Each blob's header must match this chain's namespace and the key, or
-        it is refused (False).  Tiers below follow their write policies.
+        From checked ``payloads`` (a read into the caller's buffers): framed
+        once per codec, trusted.  From ``blobs`` (frames as another tier
+        stored them): one copy serves every target, and each target checks
+        it and re-encodes it if its codec differs.
         """
-        self._check_open()
-        keys = _check_keys(keys)
-        if len(blobs) != len(keys):
-            raise ValueError(f"got {len(blobs)} blocks for {len(keys)} keys")
-        result = [False] * len(keys)
-        remaining = list(range(len(keys)))
-        for index, tier in enumerate(self.tiers):
-            if not remaining:
-                break
-            flags, evicted = tier.put_blobs(
-                [keys[i] for i in remaining], [blobs[i] for i in remaining],
-                self._evicted_sink(index),
-            )
-            stored = [i for i, flag in zip(remaining, flags) if flag]
-            self._mark_unsaved(index, (keys[i] for i in stored), True)
-            self._handle_evicted(index, evicted)
-            self._emit("stored", index, (keys[i] for i in stored), "put")
-            for i in stored:
-                result[i] = True
-            if stored and self._writes_through(index):
-                self._submit_write(
-                    index + 1,
-                    [keys[i] for i in stored],
-                    [bytes(blobs[i]) for i in stored],
-                    "through",
-                )
-            remaining = [i for i, flag in zip(remaining, flags) if not flag]
-        return result
-
-    def _promotion_targets(self, source: int) -> list[int]:
-        """Tiers above ``source`` that take copies of its hits now."""
-        return [i for i in range(source) if self.tiers[i].config.promote and self.tiers[i].healthy]
-
-    def _promote(self, source: int, keys: list[bytes], payloads: list[memoryview]) -> None:
-        for index in self._promotion_targets(source):
+        targets = [
+            i for i in range(source) if self.tiers[i].config.promote and self.tiers[i].healthy
+        ]
+        if not keys or not targets:
+            return
+        if blobs:
+            owned: list[BytesLike] = [bytes(b) for b in blobs]
+            for index in targets:
+                self._submit_write(index, keys, owned, "promote")
+            return
+        framed: dict[Codec, list[BytesLike]] = {}
+        for index in targets:
             codec = self.tiers[index].codec
-            blobs: list[BytesLike] = [
-                framing.encode(self._ns, k, p, codec) for k, p in zip(keys, payloads)
-            ]
-            self._submit_write(index, keys, blobs, "promote")
+            if codec not in framed:
+                framed[codec] = [
+                    framing.encode(self._ns, k, p, codec) for k, p in zip(keys, payloads)
+                ]
+            self._submit_write(index, keys, framed[codec], "promote", trusted=True)
 
     def lookup(self, keys: Sequence[bytes]) -> list[int | None]:
         """Per key, the index of the first tier holding it, or None."""
         self._check_open()
         keys = _check_keys(keys)
-        early = self._demotions_of(keys)
         where: list[int | None] = [None] * len(keys)
-        remaining = list(range(len(keys)))
-        for index, tier in enumerate(self.tiers):
-            if not remaining:
-                break
-            flags = tier.lookup([keys[i] for i in remaining])
-            for i, flag in zip(remaining, flags):
+
+        def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            flags = tier.lookup([keys[i] for i in offered])
+            for i, flag in zip(offered, flags):
                 if flag:
                     where[i] = index
-            remaining = [i for i, flag in zip(remaining, flags) if not flag]
-        for i in remaining:
-            pending = self._pending_demotion(keys[i], early)
-            if pending is not None:
-                where[i] = pending[0]
+            return flags
+
+        for i, index, _ in self._read_walk(keys, step)[1]:
+            where[i] = index
         return where
 
     def prefix_hits(self, keys: Sequence[bytes]) -> int:
@@ -640,51 +600,25 @@ class Chain:
             self._listeners.emit(kind, self.tiers[index].name, index, keys, reason)
 
     # asynchronous surface -------------------------------------------------------
-    def _submit(self, kind: Literal["put", "get", "lookup"], fn: Any, *args: Any) -> int:
-        if self._closing:
-            raise ClosedError("chain is closed")
-        job_id = next(self._job_ids)
-
-        def run() -> None:
-            try:
-                res = JobResult(job_id, kind, list(fn(*args)))
-            except BaseException as exc:
-                res = JobResult(job_id, kind, [], exc)
-            with self._lock:
-                self._done.append(res)
-                self._job_futures.pop(job_id, None)
-
-        with self._lock:
-            self._job_futures[job_id] = self._jobs.submit(run)
-        return job_id
-
     def submit_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> int:
         """Start a put; returns a job id at once.  Keep ``blocks`` intact until it finishes."""
-        return self._submit("put", self.put, list(keys), list(blocks))
+        return self._jobs.submit("put", self.put, list(keys), list(blocks))
 
     def submit_get(self, keys: Sequence[bytes], out: Sequence[Any]) -> int:
         """Start a get into ``out``; returns a job id at once."""
-        return self._submit("get", self.get, list(keys), list(out))
+        return self._jobs.submit("get", self.get, list(keys), list(out))
 
     def submit_lookup(self, keys: Sequence[bytes]) -> int:
         """Start a lookup; the job's result is :meth:`lookup`'s answer."""
-        return self._submit("lookup", self.lookup, list(keys))
+        return self._jobs.submit("lookup", self.lookup, list(keys))
 
     def poll(self) -> list[JobResult]:
         """Jobs finished since the last poll (each reported once)."""
-        with self._lock:
-            done, self._done = self._done, []
-        return done
+        return self._jobs.poll()
 
     def wait(self, job_ids: Iterable[int] | None = None, timeout: float | None = None) -> bool:
         """Wait for the given jobs (default: all running ones); True if all finished."""
-        with self._lock:
-            if job_ids is None:
-                futures = list(self._job_futures.values())
-            else:
-                futures = [f for j in job_ids if (f := self._job_futures.get(j)) is not None]
-        _, not_done = wait_futures(futures, timeout)
-        return not not_done
+        return self._jobs.wait(job_ids, timeout)
 
     # introspection and lifecycle ------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -692,21 +626,19 @@ class Chain:
         return {
             "namespace": self.namespace.hex,
             "tiers": [tier.snapshot() for tier in self.tiers],
-            "pending_writes": self._inflight,
+            "pending_writes": self._pending.count,
         }
 
     def close(self) -> None:
         """Finish queued work and close every tier.  Idempotent."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
+        if not self._jobs.stop():
+            return
         if self._reporter is not None:
             self._reporter.stop(self)
         self._shutdown()
 
     def _shutdown(self) -> None:
-        self._jobs.shutdown(wait=True)
+        self._jobs.shutdown()
         self.flush()
         try:
             self._save_unsaved()

@@ -164,14 +164,15 @@ class Tier:
         keys: Sequence[bytes],
         payloads: Sequence[BytesLike],
         evicted: Evicted | None = None,
-    ) -> tuple[list[bool], Evicted, list[bytes | None]]:
+    ) -> tuple[list[bool], Evicted, list[Sequence[BytesLike]]]:
         """Frame and store raw payloads.
 
         Returns the per-key result, what capacity pushed out (into
         ``evicted`` when given: the backend fills it during the call), and
-        the framed blobs when they were built as single ``bytes`` (so callers
-        writing the same block to more tiers can reuse them instead of
-        framing again).
+        each block's frame in parts (``(header, stored payload)``, or the one
+        ``bytes`` the backend was given), so a caller writing the same block
+        to more tiers need not frame it again.  A stored payload may be the
+        caller's buffer itself (codec ``none``).
         """
         evicted = [] if evicted is None else evicted
         if not keys:
@@ -179,33 +180,41 @@ class Tier:
         parts = [
             framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
         ]
-        blobs: list[bytes | None]
+        frames: list[Sequence[BytesLike]] = list(parts)
         if self.handle.implements("kvtier_put_parts"):
-            blobs = [None] * len(keys)
             result = self._call(
                 "put", lambda: self.handle.put_parts(keys, parts, evicted), len(keys)
             )
         else:
             joined = [b"".join(p) for p in parts]
-            blobs = list(joined)
+            frames = [(blob,) for blob in joined]
             result = self._call("put", lambda: self.handle.put(keys, joined, evicted), len(keys))
         sizes = [memoryview(p).nbytes for p in payloads]
-        return self._after_put(keys, result, evicted, sizes), evicted, blobs
+        return self._after_put(keys, result, evicted, sizes), evicted, frames
 
     def put_blobs(
-        self, keys: Sequence[bytes], blobs: Sequence[BytesLike], evicted: Evicted | None = None
+        self,
+        keys: Sequence[bytes],
+        blobs: Sequence[BytesLike],
+        evicted: Evicted | None = None,
+        *,
+        trusted: bool = False,
     ) -> tuple[list[bool], Evicted]:
-        """Store already framed blocks (from another tier), re-encoding if the codec differs."""
+        """Store already framed blocks, re-encoding those whose codec differs from the tier's.
+
+        A ``trusted`` frame was made by this process from a checked payload
+        microseconds ago: its header is still parsed (its codec decides
+        whether to re-encode), but its payload is not checksummed again.
+        """
         evicted = [] if evicted is None else evicted
         if not keys:
             return [], evicted
+        verify = self.verify and not trusted
         ready: list[bytes] = []
         kept: list[bytes] = []
         for key, blob in zip(keys, blobs):
             try:
-                ready.append(
-                    framing.recode(blob, self._ns, key, self.codec, verify=self.verify)
-                )
+                ready.append(framing.recode(blob, self._ns, key, self.codec, verify=verify))
                 kept.append(key)
             except CorruptBlockError:
                 self.stats.add(corrupt=1)
@@ -336,25 +345,33 @@ class Tier:
         self._count_reads([p is not None for p in out], [memoryview(p or b"") for p in out])
         return out
 
-    def get_blobs(self, keys: Sequence[bytes]) -> list[BytesLike | None]:
-        """Framed blocks as stored, header checked (for moving between tiers)."""
+    def get_blobs(self, keys: Sequence[bytes], *, counted: bool = False) -> list[BytesLike | None]:
+        """Framed blocks as stored, header checked (for moving between tiers).
+
+        ``counted``: count hits, misses and payload bytes served, as the
+        other reads do; moving blocks between tiers is not a read.
+        """
         if not keys:
             return []
         blobs = self._call("get", lambda: self.handle.get(keys), len(keys))
-        if blobs is None:
-            return [None] * len(keys)
-        out: list[BytesLike | None] = []
-        for key, blob in zip(keys, blobs):
-            if blob is not None:
-                try:
-                    header = framing.parse_header(blob, self._ns, key)
-                    framing.check_payload(
-                        header, memoryview(blob).cast("B")[header.size :], self.verify
-                    )
-                except CorruptBlockError as exc:
-                    self._corrupt(key, exc)
-                    blob = None
-            out.append(blob)
+        out: list[BytesLike | None] = [None] * len(keys)
+        served = 0
+        for i, (key, blob) in enumerate(zip(keys, blobs or ())):
+            if blob is None:
+                continue
+            try:
+                header = framing.parse_header(blob, self._ns, key)
+                framing.check_payload(
+                    header, memoryview(blob).cast("B")[header.size :], self.verify
+                )
+            except CorruptBlockError as exc:
+                self._corrupt(key, exc)
+                continue
+            out[i] = blob
+            served += header.raw_len
+        if counted:
+            hits = sum(b is not None for b in out)
+            self.stats.add(hits=hits, misses=len(out) - hits, bytes_out=served)
         return out
 
     def _corrupt(self, key: bytes, exc: Exception) -> None:
