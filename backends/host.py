@@ -48,12 +48,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from typing import Any, TypeAlias, TypeVar
 
-from kvtier.config.units import parse_size
 from kvtier.spec import (
     BytesLike,
     Capabilities,
     ClosedError,
-    ConfigError,
     KvtierError,
     Option,
     ScanEntry,
@@ -66,13 +64,18 @@ __all__ = ["EVICTION_POLICIES", "HostBackend"]
 
 EVICTION_POLICIES = ("lru", "arc")
 
+def _positive(size: int) -> None:
+    if size <= 0:
+        raise ValueError(f"must be a positive size, got {size}")
+
+
 _OPTIONS: Mapping[str, Option] = {
     "capacity": Option("size", "Bytes of block data held in RAM (sum of block sizes), e.g. 8GiB.",
-                       required=True),
+                       required=True, check=_positive),
     "eviction": Option("str", "Which block to drop when full: lru, or arc (resists one-off scans).",
                        default="lru", choices=EVICTION_POLICIES),
     "max_block_size": Option("size", "Refuse larger blocks (default: only the capacity limits).",
-                             default=None),
+                             default=None, check=_positive),
     "prefault": Option("size", "Bytes of process memory touched at open, so that the first "
                        "blocks land in mapped pages (at most the capacity; 0: none).",
                        default="128MiB"),
@@ -359,21 +362,6 @@ def _prefault(nbytes: int) -> None:
     del pieces
 
 
-def _size_option(options: Mapping[str, Any], key: str, *, required: bool) -> int | None:
-    value = options.get(key)
-    if value is None:
-        if required:
-            raise ConfigError("is required: a size such as 8GiB", key=key)
-        return None
-    try:
-        size = parse_size(value)
-    except ValueError as exc:
-        raise ConfigError(str(exc), key=key) from None
-    if size <= 0:
-        raise ConfigError(f"must be a positive size, got {value!r}", key=key)
-    return size
-
-
 def _check_batch(keys: Sequence[bytes], other: Sequence[object]) -> None:
     if len(keys) != len(other):
         raise ValueError(f"batch of {len(keys)} keys but {len(other)} blocks or buffers")
@@ -400,25 +388,11 @@ class HostBackend:
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
         # One instance serves one tier and one namespace, so RAM needs no
         # layout by namespace; it is kept only for kvtier_scan.
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            known = ", ".join(_OPTIONS)
-            raise ConfigError(f"is not an option of the host backend ({known})", key=unknown[0])
-        capacity = _size_option(options, "capacity", required=True)
-        assert capacity is not None
-        max_block_size = _size_option(options, "max_block_size", required=False)
-        prefault = options.get("prefault", _OPTIONS["prefault"].default)
-        try:
-            prefault_bytes = 0 if prefault in (None, 0, "0") else parse_size(prefault)
-        except ValueError as exc:
-            raise ConfigError(str(exc), key="prefault") from None
-        eviction = options.get("eviction")
-        if eviction is None:
-            eviction = "lru"
-        if eviction not in _POLICIES:
-            raise ConfigError(
-                f"must be one of {', '.join(EVICTION_POLICIES)}, got {eviction!r}", key="eviction"
-            )
+        # options arrive checked against _OPTIONS, defaults filled (BackendHandle.open)
+        capacity: int = options["capacity"]
+        max_block_size: int | None = options["max_block_size"]
+        prefault_bytes: int = options["prefault"]
+        eviction: str = options["eviction"]
         with self._lock:
             if self._closed:
                 raise ClosedError("host backend is closed")

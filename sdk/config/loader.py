@@ -11,7 +11,9 @@ line and the key path; values of secret options are never shown.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -25,7 +27,14 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
 from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
-from kvtier.config.units import parse_duration, parse_size
+from kvtier.plugins.options import (
+    CheckedOptions,
+    FromText,
+    convert,
+    describe_value,
+    parse_option,
+    parse_value,
+)
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError
 
@@ -37,15 +46,6 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LAST_PART_RE = re.compile(r"(\.[^.\[]*|\[\d+\])$")
-_INT_RE = re.compile(r"\s*[+-]?\d+\s*")
-_BOOLS = {"true": True, "yes": True, "on": True, "1": True,
-          "false": False, "no": False, "off": False, "0": False}
-_EXPECTED = {
-    "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-    "size": "a size such as 8GiB, 500MB or 4096 (bytes)",
-    "duration": "a duration such as 250ms, 2s or 1m",
-    "list": "a list (or one string of comma-separated items)", "map": "a mapping",
-}
 _T = "tag:yaml.org,2002:"
 _SCALAR_TAGS = frozenset(_T + t for t in ("str", "int", "float", "bool", "null", "timestamp"))
 _MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
@@ -105,12 +105,6 @@ class ChainConfig:
     tiers: tuple[TierConfig, ...]
     metrics: MetricsConfig
     source: str
-
-
-class _EnvStr(str):
-    """A string produced by ``${VAR}`` expansion; may be read as int/float/bool."""
-
-    __slots__ = ()
 
 
 def load_config(
@@ -298,7 +292,7 @@ class _Validator:
 
     def mapping(self, value: Any, path: str, what: str) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
-            self.fail(path, f"expected {what}, got {_got(value)}")
+            self.fail(path, f"expected {what}, got {describe_value(value)}")
         for key in value:
             if not isinstance(key, str):
                 self.fail(path, f"mapping keys must be strings, got {key!r}")
@@ -322,7 +316,7 @@ class _Validator:
             self.fail("", "missing required key 'chain' (a list of tiers)")
         entries = top["chain"]
         if not isinstance(entries, (list, tuple)) or not entries:
-            self.fail("chain", f"expected a non-empty list of tiers, got {_got(entries)}")
+            self.fail("chain", f"expected a non-empty list of tiers, got {describe_value(entries)}")
         tiers: list[TierConfig] = []
         seen: dict[str, str] = {}
         for i, entry in enumerate(entries):
@@ -389,8 +383,10 @@ class _Validator:
             self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {workers}")
         options: dict[str, Any] = {}
         for key, opt in declared.items():
-            options[key] = self.option(entry.get(key), f"{path}.{key}", opt, backend)
-        return TierConfig(name=name, backend=backend, options=MappingProxyType(options),
+            value = self.interpolate(entry.get(key), f"{path}.{key}", opt.secret)
+            options[key] = parse_option(backend, key, opt, value,
+                                        functools.partial(self.fail, f"{path}.{key}"))
+        return TierConfig(name=name, backend=backend, options=CheckedOptions(options, backend),
                           where=self.where(path), secret_options=secret, **kw)
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:
@@ -408,35 +404,14 @@ class _Validator:
         value = self.interpolate(value, path)
         if value is None:
             return "auto"
-        if isinstance(value, _EnvStr) and _INT_RE.fullmatch(value):
-            value = int(value)
+        if isinstance(value, FromText):
+            with contextlib.suppress(ValueError):
+                value = convert("int", value)
         if value == "auto" or (type(value) is int and value in _SHUFFLE_SETTINGS):
             return str(value) if isinstance(value, str) else value
         *most, last = _SHUFFLE_SETTINGS
         self.fail(path, f"expected 'auto' or an element size {', '.join(map(str, most))} or "
-                        f"{last} (0 and 1 turn shuffling off), got {_got(value)}")
-
-    def option(self, value: Any, path: str, opt: Option, backend: str) -> Any:
-        if value is None and opt.required:
-            self.fail(path, f"missing required option of backend {backend!r}: {opt.help}")
-        if value is None:
-            if opt.default is None:
-                return None
-            try:
-                return _convert(opt.type, opt.default)
-            except ValueError:
-                raise PluginError(f"backend {backend!r}: option {path.rsplit('.', 1)[-1]!r} "
-                                  f"has an invalid default for type {opt.type}") from None
-        parsed = self.scalar(value, path, opt.type, choices=opt.choices, secret=opt.secret)
-        if opt.check is not None:
-            try:
-                opt.check(parsed)
-            except ValueError as exc:
-                reason = str(exc) or "rejected"
-                if opt.secret and any(str(v) in reason for v in (value, parsed) if str(v)):
-                    reason = "rejected by the backend (details hidden: secret option)"
-                self.fail(path, reason)
-        return parsed
+                        f"{last} (0 and 1 turn shuffling off), got {describe_value(value)}")
 
     def scalar(self, value: Any, path: str, kind: str, *,
                choices: tuple[Any, ...] | None = None, secret: bool = False) -> Any:
@@ -444,14 +419,8 @@ class _Validator:
         value = self.interpolate(value, path, secret)
         if value is None:
             return None
-        try:
-            parsed = _convert(kind, value)
-        except ValueError:
-            self.fail(path, f"expected {_EXPECTED.get(kind, kind)}, got {_got(value, secret)}")
-        if choices is not None and parsed not in choices:
-            self.fail(path, f"expected one of {', '.join(map(repr, choices))}, "
-                            f"got {_got(value, secret)}")
-        return parsed
+        return parse_value(kind, value, lambda reason: self.fail(path, reason),
+                           choices=choices, secret=secret)
 
     def interpolate(self, value: Any, path: str, secret: bool = False) -> Any:
         if isinstance(value, str):
@@ -485,51 +454,4 @@ class _Validator:
             return found if found else default if sep else ""
 
         result = _VAR_RE.sub(one, text) if "$" in text else text
-        return _EnvStr(result) if substituted else result
-
-
-def _convert(kind: str, value: Any) -> Any:
-    """Parse ``value`` as an option type; ``ValueError`` if it is not one."""
-    env, number = isinstance(value, _EnvStr), type(value) in (int, float)
-    if kind == "str" and isinstance(value, str):
-        return str(value)
-    if kind == "int" and (type(value) is int or (env and _INT_RE.fullmatch(value))):
-        return int(value)
-    if kind == "float" and (number or env):
-        return float(value)  # an env string that is no number raises ValueError
-    if kind == "bool" and (isinstance(value, bool) or (env and value.strip().lower() in _BOOLS)):
-        return value if isinstance(value, bool) else _BOOLS[value.strip().lower()]
-    if kind in ("size", "duration"):
-        return parse_size(value) if kind == "size" else parse_duration(value)
-    if kind == "list" and isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if kind == "list" and isinstance(value, str):
-        # one string is a list of its comma-separated items: `peers=host:port`
-        # on a command line, or `${PEERS}` from the environment
-        return [item.strip() for item in str(value).split(",") if item.strip()]
-    if kind == "map" and isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    raise ValueError(kind)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return str(value) if isinstance(value, _EnvStr) else value
-
-
-def _got(value: Any, secret: bool = False) -> str:
-    """``value`` as an error message shows it after "got"."""
-    if secret:
-        return f"a {type(value).__name__} (value hidden: secret option)"
-    if value is None:
-        return "nothing"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list" if value else "an empty list"
-    text = repr(str(value) if isinstance(value, str) else value)
-    text = text if len(text) <= 60 else text[:57] + "..."
-    return text if isinstance(value, str) else f"{type(value).__name__} {text}"
+        return FromText(result) if substituted else result

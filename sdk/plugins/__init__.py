@@ -1,4 +1,4 @@
-"""Backend discovery: entry points, validation against the hook spec, handles.
+"""Backend discovery: entry points, validation against the hook spec, handles, options.
 
 May import :mod:`kvtier.spec` only.
 """

@@ -8,7 +8,8 @@ first needed.  ``KVTIER_DISABLE_PLUGINS=name1,name2`` hides named backends.
 Each tier gets its own pluggy plugin manager holding exactly one backend
 instance, so two tiers of one backend never answer each other's calls; the
 manager validates the instance against :mod:`kvtier.spec.hookspecs`.
-The rest of kvtier talks to a backend only through :class:`BackendHandle`.
+The rest of kvtier talks to a backend only through :class:`BackendHandle`,
+whose ``open`` checks the options (:mod:`kvtier.plugins.options`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import pluggy
 
+from kvtier.plugins.options import check_options
 from kvtier.spec import (
     BytesLike,
     Capabilities,
@@ -106,7 +108,15 @@ class BackendHandle:
         return self._hook.kvtier_options() or {}
 
     def open(self, options: Mapping[str, Any], namespace: str) -> None:
-        self._hook.kvtier_open(options=options, namespace=namespace)
+        """Open the instance with ``options`` checked against its ``kvtier_options``.
+
+        Every open passes through here, so ``kvtier_open`` receives parsed
+        values with defaults filled, whoever calls it; options the config
+        loader checked already are not checked again.  Raises
+        :class:`~kvtier.spec.ConfigError` naming the option.
+        """
+        checked = check_options(self.info.name, self.options(), options)
+        self._hook.kvtier_open(options=checked, namespace=namespace)
 
     def capabilities(self) -> Capabilities:
         caps = self._hook.kvtier_capabilities()

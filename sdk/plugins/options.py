@@ -1,0 +1,240 @@
+"""Backend options: values parsed against the :class:`~kvtier.spec.Option` a backend declares.
+
+One implementation serves both places options are checked: the config loader
+(which adds the file, line and key path to every error) and
+:meth:`~kvtier.plugins.registry.BackendHandle.open`, which every open of a
+backend passes through, so ``kvtier_open`` always receives checked values
+with defaults filled, whoever opens it (a chain, the conformance kit, a test).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn
+
+from kvtier.spec import ConfigError, Option, PluginError
+
+__all__ = [
+    "CheckedOptions",
+    "FromText",
+    "check_options",
+    "convert",
+    "describe_value",
+    "parse_duration",
+    "parse_option",
+    "parse_size",
+    "parse_value",
+]
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)\s*$")
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an ``int`` or a string like ``8GiB``, ``1.5 GB``, ``4096``.
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB,
+    MB, GB, TB, and single letters) powers of 1000.  Raises ``ValueError``
+    with the accepted forms for anything else, including negative sizes.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size such as 8GiB or 4096, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size cannot be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match:
+            unit = match.group(2).lower()
+            if unit in _SIZE_UNITS:
+                return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    raise ValueError(f"expected a size such as 8GiB, 500MB or 4096 (bytes), got {value!r}")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a string like ``250ms``, ``2s``, ``1m``, ``1h``, ``7d``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 250ms or 2s, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative, got {value}")
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match:
+            return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    raise ValueError(f"expected a duration such as 250ms, 2s or 1m, got {value!r}")
+
+_INT_RE = re.compile(r"\s*[+-]?\d+\s*")
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True,
+          "false": False, "no": False, "off": False, "0": False}
+_EXPECTED = {
+    "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+    "size": "a size such as 8GiB, 500MB or 4096 (bytes)",
+    "duration": "a duration such as 250ms, 2s or 1m",
+    "list": "a list (or one string of comma-separated items)", "map": "a mapping",
+}
+
+#: Raises the error for one value, given the reason; adds where it was.
+Fail = Callable[[str], NoReturn]
+
+
+class FromText(str):
+    """A string standing for a value of any type (from ``${VAR}``), so it may be read
+    as an int, a float or a bool; a plain ``str`` is only ever a string."""
+
+    __slots__ = ()
+
+
+class CheckedOptions(Mapping[str, Any]):
+    """Options of ``backend`` checked against its declaration, defaults filled: read-only."""
+
+    __slots__ = ("_values", "backend")
+
+    def __init__(self, values: Mapping[str, Any], backend: str) -> None:
+        self._values = dict(values)
+        self.backend = backend
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"CheckedOptions({self.backend!r}, {sorted(self._values)})"
+
+
+def check_options(
+    backend: str, declared: Mapping[str, Option], values: Mapping[str, Any]
+) -> CheckedOptions:
+    """``values`` checked and completed against ``declared``, as ``kvtier_open`` receives them.
+
+    Options that already are :class:`CheckedOptions` of this backend (a chain's,
+    checked by the config loader) are returned as they are.  Errors are
+    :class:`~kvtier.spec.ConfigError` with ``key`` the option name.
+    """
+    if isinstance(values, CheckedOptions) and values.backend == backend:
+        return values
+    for key in values:
+        if key not in declared:
+            close = difflib.get_close_matches(str(key), list(declared), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            accepted = ", ".join(sorted(declared)) or "none"
+            raise ConfigError(f"is not an option of backend {backend!r}{hint} "
+                              f"(accepted: {accepted})", key=str(key))
+    checked: dict[str, Any] = {}
+    for name, opt in declared.items():
+        def fail(reason: str, name: str = name) -> NoReturn:
+            raise ConfigError(reason, key=name)
+
+        checked[name] = parse_option(backend, name, opt, values.get(name), fail)
+    return CheckedOptions(checked, backend)
+
+
+def parse_option(backend: str, name: str, opt: Option, value: Any, fail: Fail) -> Any:
+    """One option's value: parsed, in its choices, passed by its check; or its default."""
+    if value is None and opt.required:
+        fail(f"missing required option of backend {backend!r}: {opt.help}")
+    if value is None:
+        if opt.default is None:
+            return None
+        try:
+            return convert(opt.type, opt.default)
+        except ValueError:
+            raise PluginError(f"backend {backend!r}: option {name!r} "
+                              f"has an invalid default for type {opt.type}") from None
+    parsed = parse_value(opt.type, value, fail, choices=opt.choices, secret=opt.secret)
+    if opt.check is not None:
+        try:
+            opt.check(parsed)
+        except ValueError as exc:
+            reason = str(exc) or "rejected"
+            if opt.secret and any(str(v) in reason for v in (value, parsed) if str(v)):
+                reason = "rejected by the backend (details hidden: secret option)"
+            fail(reason)
+    return parsed
+
+
+def parse_value(kind: str, value: Any, fail: Fail, *,
+                choices: tuple[Any, ...] | None = None, secret: bool = False) -> Any:
+    """``value`` parsed as ``kind`` and among ``choices``; else ``fail`` says what was wanted."""
+    try:
+        parsed = convert(kind, value)
+    except ValueError:
+        fail(f"expected {_EXPECTED.get(kind, kind)}, got {describe_value(value, secret)}")
+    if choices is not None and parsed not in choices:
+        fail(f"expected one of {', '.join(map(repr, choices))}, "
+             f"got {describe_value(value, secret)}")
+    return parsed
+
+
+def convert(kind: str, value: Any) -> Any:
+    """Parse ``value`` as an option type; ``ValueError`` if it is not one."""
+    text, number = isinstance(value, FromText), type(value) in (int, float)
+    if kind == "str" and isinstance(value, str):
+        return str(value)
+    if kind == "int" and (type(value) is int or (text and _INT_RE.fullmatch(value))):
+        return int(value)
+    if kind == "float" and (number or text):
+        return float(value)  # a FromText that is no number raises ValueError
+    if kind == "bool" and (isinstance(value, bool) or (text and value.strip().lower() in _BOOLS)):
+        return value if isinstance(value, bool) else _BOOLS[value.strip().lower()]
+    if kind in ("size", "duration"):
+        return parse_size(value) if kind == "size" else parse_duration(value)
+    if kind == "list" and isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if kind == "list" and isinstance(value, str):
+        # one string is a list of its comma-separated items: `peers=host:port`
+        # on a command line, or `${PEERS}` from the environment
+        return [item.strip() for item in str(value).split(",") if item.strip()]
+    if kind == "map" and isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    raise ValueError(kind)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return str(value) if isinstance(value, FromText) else value
+
+
+def describe_value(value: Any, secret: bool = False) -> str:
+    """``value`` as an error message shows it after "got"."""
+    if secret:
+        return f"a {type(value).__name__} (value hidden: secret option)"
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list" if value else "an empty list"
+    text = repr(str(value) if isinstance(value, str) else value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if isinstance(value, str) else f"{type(value).__name__} {text}"
