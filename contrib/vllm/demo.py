@@ -4,18 +4,23 @@
         [--hidden 1024] [--s3-endpoint URL --s3-bucket NAME]
 
 Builds a random Llama big enough that prefilling a long prompt takes seconds
-on the CPU (once; kept under ``DIR/model``), writes a chain (``DIR/tiers.yaml``:
-host RAM, which sizes vLLM's own CPU tier, then an ``fs`` tier under
-``DIR/kv``, then an ``object`` tier when an S3 endpoint and bucket are given,
-or ``KVTIER_DEMO_S3_ENDPOINT`` / ``KVTIER_DEMO_S3_BUCKET`` are set; credentials
+on the CPU (kept under ``DIR/model``, ``demo-vllm/model`` by default, and built
+again only when ``--layers`` or ``--hidden`` change), writes a chain
+(``DIR/tiers.yaml``: host RAM, which sizes vLLM's own CPU tier, then an ``fs``
+tier under ``DIR/kv``, emptied first so that the first run really misses, then
+an ``object`` tier when an S3 endpoint and bucket are given, or
+``KVTIER_DEMO_S3_ENDPOINT`` / ``KVTIER_DEMO_S3_BUCKET`` are set; credentials
 come from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``), and turns it on
 with the one ``kv_transfer_config`` that ``kvtier vllm-args`` prints.
 
 Then it sends the same prompt in two separate engine processes: the first
 computes it (a miss) and stores its KV down the chain; the second, a fresh
 process with nothing in RAM, finds it in the chain.  It prints the time to
-first token of both, whether their first tokens agree, and what each tier
-served.
+first token of both and how many prompt tokens each got from kvtier, what
+each tier served the second process, and whether the first tokens agree; it
+exits with status 1 when they differ or the second process got nothing from
+the chain.  ``bench/vllm_ttft.py`` times the same prompt on the same engine
+settings (:func:`prompt_ids`, :func:`engine_args`).
 """
 
 from __future__ import annotations

@@ -30,18 +30,11 @@ after a back-off); one whose storage is unreachable when vLLM starts leaves
 the tier empty until a later attempt (every ``reopen_interval`` seconds)
 opens the chain.  No storage fault reaches vLLM as an exception.
 
-Keys.  vLLM's ``OffloadKey`` (block hash + 4-byte KV-group index, 36 bytes
-with the default SHA-256 prefix hashing) is used as the kvtier key as is.  A
-kvtier key is at most 64 bytes (it names files and objects and sits in every
-block header); a longer vLLM key is replaced by its 32-byte BLAKE2b digest,
-which keeps keys distinct and still checked against the stored header.
-
-Namespace.  Every block is stored under a :class:`kvtier.Namespace` made from
-vLLM's offloading config: model, KV dtype, tokens per chunk, the row layout
-(KV cache layout, row bytes, blocks per chunk, tokens per hash, groups and
-their layers, canonical/replicated flags, vLLM release) and the parallel
-layout (tp/pp/pcp/dcp, world size, rank).  Blocks from any other
-configuration are misses.  ``namespace_extra`` adds fields of your own.
+Keys and namespace (:mod:`.addressing`).  vLLM's ``OffloadKey`` is used as
+the kvtier key (its digest when over a kvtier key's 64 bytes), and every block
+is stored under a :class:`kvtier.Namespace` made from vLLM's offloading config
+(model, KV dtype, row and parallel layout, vLLM release): blocks from any
+other configuration are misses.  ``namespace_extra`` adds fields of your own.
 
 KV events.  With vLLM's KV cache events on, the tier listens to its chain
 (:meth:`kvtier.Chain.add_listener`) and reports through ``take_events`` the
@@ -49,19 +42,15 @@ chunks vLLM stored in the chain and those no kvtier tier holds any more
 (capacity evictions in any tier, evictions, purges), as ``OffloadingEvent``
 with ``Medium.STORAGE``.
 
-Stats.  vLLM's metric hooks work in 0.32: :meth:`KvtierTier.build_metric_definitions`
-declares counters (``vllm:kv_offload_kvtier_*``, per kvtier tier) and
-:meth:`KvtierTier.get_stats` reports what changed, so they appear on vLLM's
-``/metrics`` and in ``LLM.get_metrics()`` when stats logging is on.  The
-chain's own ``metrics:`` section (Prometheus port, ``log_interval`` log line)
-works as well; its log line is routed to vLLM's log handlers.
+Stats (:mod:`.tier_metrics`).  vLLM's metric hooks work in 0.32: the tier
+declares counters (``vllm:kv_offload_kvtier_*``) and reports what changed, on
+vLLM's ``/metrics`` and in ``LLM.get_metrics()`` when stats logging is on.  The
+chain's own ``metrics:`` section works as well; its log line goes to vLLM's
+log handlers.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import logging
 import threading
 import time
@@ -71,23 +60,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, cast
 
-from kvtier.block.namespace import Namespace
 from kvtier.chain import Chain, ChainEvent
-from kvtier.chain import JobResult as ChainJobResult
 from kvtier.config import load_config
-from kvtier.spec import MAX_KEY_SIZE, ConfigError, KvtierError
+from kvtier.spec import KvtierError
 
 from ._compat import (
-    HAS_DEFERRED_RELEASE,
-    VLLM_VERSION,
-    LookupResult,
     Medium,
-    OffloadingConnectorStats,
-    OffloadingCounterMetadata,
     OffloadingEvent,
-    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     ReqContext,
     RequestOffloadingContext,
@@ -97,43 +78,21 @@ from ._compat import (
     adopt_vllm_logging,
     job_result,
     kv_events_enabled,
-    locality_of,
-    offloading_fields,
     row_payload_bytes,
 )
+from .addressing import chain_key, namespace_for
+from .chain_like import ChainLike, UnopenedChain
+from .lookups import HIT, MISS, LookupVerdicts
+from .tier_metrics import METRIC_PREFIX, AdapterCounters, metric_definitions, offloading_stats
+from .tier_options import TierOptions
 from .transfer_config import secondary_chain_config
 
+# chain_key, namespace_for and METRIC_PREFIX were first defined here; they stay importable
 __all__ = ["METRIC_PREFIX", "KvtierTier", "chain_key", "live_tiers", "namespace_for"]
 
 log = logging.getLogger("kvtier.vllm")
 
-#: Prefix of the metrics this tier reports through vLLM.
-METRIC_PREFIX = "vllm:kv_offload_kvtier_"
-_TIER_LABEL = ("kvtier_tier",)
-#: Per kvtier tier: (chain stats key, metric suffix, help).
-_TIER_COUNTERS = (
-    ("hits", "hits", "Blocks served by a kvtier tier."),
-    ("misses", "misses", "Blocks asked of a kvtier tier and not found there."),
-    ("corrupt", "corrupt_blocks", "Blocks a kvtier tier rejected by a format or checksum check."),
-    ("errors", "errors", "Faults of a kvtier tier's backend."),
-    ("bytes_out", "served_bytes", "Payload bytes served by a kvtier tier."),
-    ("bytes_in", "written_bytes", "Payload bytes written to a kvtier tier."),
-    ("evictions", "evictions", "Blocks a kvtier tier dropped for capacity."),
-    ("promoted", "promoted_blocks", "Blocks copied up into a kvtier tier from one below."),
-    ("dropped", "dropped_writes", "Asynchronous writes a kvtier tier abandoned."),
-)
-#: Adapter counters: (name, label names, help).
-_ADAPTER_COUNTERS = (
-    ("lookup_keys", ("result",), "Chunk lookups answered by the kvtier tier: hit, miss, timeout."),
-    ("load_keys", ("outcome",), "Chunks the kvtier tier was asked to load: ok, failed."),
-    ("store_keys", ("outcome",), "Chunks the kvtier tier was asked to store: ok, failed, skipped."),
-    ("dropped_keys", ("reason",), "Blocks removed from the chain after they failed to load."),
-    ("kv_events", ("kind",), "Blocks in KV events the kvtier tier gave vLLM: stored, removed."),
-)
-_HEALTHY = "tier_healthy"
 _CONFIG_INFO_KEYS = ("kvtier_chain", "kvtier_namespace", "kvtier_chunk_bytes")
-
-_PENDING, _IN_FLIGHT, _HIT, _MISS = range(4)
 
 _live: weakref.WeakSet[KvtierTier] = weakref.WeakSet()
 
@@ -154,115 +113,6 @@ def _yield_gil() -> None:
 def live_tiers() -> list[KvtierTier]:
     """The open ``KvtierTier`` instances of this process (for in-process inspection)."""
     return [t for t in list(_live) if not t.closed]
-
-
-def chain_key(key: bytes) -> bytes:
-    """The kvtier key for a vLLM ``OffloadKey``: itself, or its digest if over 64 bytes."""
-    if 0 < len(key) <= MAX_KEY_SIZE:
-        return bytes(key)
-    return hashlib.blake2b(bytes(key), digest_size=32, person=b"kvtier-vllm-key").digest()
-
-
-def namespace_for(
-    offloading_config: Any,
-    row_bytes: int,
-    extra: Mapping[str, Any] | None = None,
-    model: str | None = None,
-) -> Namespace:
-    """The :class:`~kvtier.Namespace` of vLLM chunk rows of ``row_bytes`` bytes.
-
-    ``model`` replaces vLLM's model name (a hub id or a local path), for
-    engines that load the same weights from different paths.
-    """
-    f = offloading_fields(offloading_config)
-    groups = f["groups"]
-    tokens_per_chunk = groups[0]["tokens_per_block"] * f["blocks_per_chunk"] if groups else 0
-    layers = hashlib.blake2b(
-        json.dumps([g["layer_names"] for g in groups]).encode(), digest_size=8
-    ).hexdigest()
-    layout = [
-        "vllm-offload-row",
-        f"layout={f['kv_cache_layout']}",
-        f"row_bytes={row_bytes}",
-        f"blocks_per_chunk={f['blocks_per_chunk']}",
-        f"tokens_per_hash={f['tokens_per_hash']}",
-        "groups=" + ",".join(f"{g['tokens_per_block']}x{g['layers']}" for g in groups),
-    ]
-    if f["canonical_layout"]:
-        layout.append("canonical")
-    if f["replicated_layout"]:
-        layout.append("replicated")
-    release = ".".join(VLLM_VERSION.split(".")[:2])
-    fields: dict[str, str] = {"engine": f"vllm-{release}", "layers": layers}
-    fields.update({str(k): str(v) for k, v in (extra or {}).items()})
-    return Namespace(
-        model=model or f["model"],
-        dtype=f["dtype"],
-        tokens_per_block=tokens_per_chunk,
-        kv_layout=";".join(layout),
-        parallel_layout=(
-            f"tp{f['tp']}-pp{f['pp']}-pcp{f['pcp']}-dcp{f['dcp']}"
-            f"-world{f['world_size']}-rank{f['rank']}"
-        ),
-        extra=fields,
-    )
-
-
-class _NoChain:
-    """Stands in for a chain that could not be opened: holds nothing, takes nothing.
-
-    Jobs finish as they are submitted (ids are negative, never a real chain's).
-    """
-
-    def __init__(self, error: str) -> None:
-        self.error = error
-        self.tiers: list[Any] = []
-        self._ids = itertools.count(-1, -1)
-        self._done: list[ChainJobResult] = []
-
-    def _job(self, kind: Literal["put", "get", "lookup"], result: list[Any]) -> int:
-        job_id = next(self._ids)
-        self._done.append(ChainJobResult(job_id, kind, result))
-        return job_id
-
-    def submit_lookup(self, keys: Sequence[bytes]) -> int:
-        return self._job("lookup", [None] * len(keys))
-
-    def submit_put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> int:
-        return self._job("put", [False] * len(keys))
-
-    def submit_get(self, keys: Sequence[bytes], out: Sequence[Any]) -> int:
-        return self._job("get", [False] * len(keys))
-
-    def put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
-        return [False] * len(keys)
-
-    def evict(self, keys: Sequence[bytes]) -> int:
-        return 0
-
-    def poll(self) -> list[ChainJobResult]:
-        done, self._done = self._done, []
-        return done
-
-    def wait(self, job_ids: Iterable[int] | None = None, timeout: float | None = None) -> bool:
-        return True
-
-    def stats(self) -> dict[str, Any]:
-        return {"namespace": "", "tiers": [], "pending_writes": 0, "unavailable": self.error}
-
-    def close(self) -> None:
-        return None
-
-
-class _Probe:
-    """What this tier knows about one key."""
-
-    __slots__ = ("expires", "since", "state")
-
-    def __init__(self, state: int, since: float, expires: float = 0.0) -> None:
-        self.state = state
-        self.since = since
-        self.expires = expires
 
 
 @dataclass
@@ -336,60 +186,51 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         load_timeout: float | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        if not config:
-            raise ConfigError(
-                f"secondary tier {tier_type!r} needs 'config': the path of a kvtier YAML"
-            )
-        if locality is not None:
-            self.locality = locality_of(locality)
+        self._options = options = TierOptions.checked(
+            tier_type, config=config, namespace_extra=namespace_extra, model_name=model_name,
+            keep_host_tier=keep_host_tier, lookup_timeout=lookup_timeout,
+            verdict_ttl=verdict_ttl, failed_ttl=failed_ttl, job_workers=job_workers,
+            reopen_interval=reopen_interval, locality=locality, load_timeout=load_timeout,
+        )
+        if options.locality is not None:  # unset: vLLM's default stays
+            self.locality = options.locality
         self._row = int(self.block_size_bytes)
         self._payload = row_payload_bytes(offloading_spec, self._row)
-        self._lookup_timeout = float(lookup_timeout)
-        self._verdict_ttl = float(verdict_ttl)
-        self._failed_ttl = float(failed_ttl)
-        if load_timeout is not None and not HAS_DEFERRED_RELEASE:
-            raise ConfigError(
-                f"'load_timeout' needs vLLM 0.34 or later (JobResult.deferred_release); "
-                f"this is vLLM {VLLM_VERSION}"
-            )
-        self._load_timeout = None if load_timeout is None else float(load_timeout)
         self.namespace = namespace_for(
-            offloading_spec.config, self._payload, namespace_extra, model_name
+            offloading_spec.config, self._payload, options.namespace_extra, options.model_name
         )
-        chain_config = secondary_chain_config(load_config(config), keep_host_tier=keep_host_tier)
-        if chain_config.metrics.log_interval:
+        self._chain_config = secondary_chain_config(
+            load_config(options.config), keep_host_tier=options.keep_host_tier
+        )
+        if self._chain_config.metrics.log_interval:
             adopt_vllm_logging(logging.getLogger("kvtier"))
+        self._tier_names = [t.name for t in self._chain_config.tiers]
+        # KV events (when vLLM's are on): what the chain stored and removed
+        self._events: deque[Any] | None = deque() if kv_events_enabled(offloading_spec) else None
+        self._long_keys: dict[bytes, bytes] = {}  # digest -> vLLM key, for events
         self._flat = primary_kv_view.cast("B")
         self._repair = ThreadPoolExecutor(1, thread_name_prefix="kvtier-vllm-repair")
-        self._chain_config = chain_config
-        self._job_workers = job_workers
-        self._reopen_interval = float(reopen_interval)
         self._next_reopen = 0.0
         self._reopening = False
-        # KV events (when vLLM's are on): what the chain stored and removed
-        self._events: deque[Any] | None = (
-            deque() if kv_events_enabled(offloading_spec) else None
-        )
-        self._long_keys: dict[bytes, bytes] = {}  # digest -> vLLM key, for events
-        self.chain: Chain | _NoChain
         try:
-            self.chain = self._open_chain()
-        except OSError as exc:  # storage unreachable: serve as an empty tier, retry later
-            log.warning(
-                "kvtier: the chain of %s did not open (%s); vLLM runs without it and "
-                "retries every %.0fs", config, exc, self._reopen_interval,
-            )
-            self.chain = _NoChain(repr(exc))
-            self._next_reopen = time.monotonic() + self._reopen_interval
+            self.chain: ChainLike = self._open_first_chain()
         except BaseException:
             self._repair.shutdown()
             self._flat.release()
             raise
-        self._tier_names = [t.name for t in chain_config.tiers]
-        self._lock = threading.RLock()  # a done-callback may run in the submitting thread
-        self._probes: dict[bytes, _Probe] = {}
-        self._batch: list[bytes] = []
-        self._lookups: dict[int, list[tuple[bytes, _Probe]]] = {}
+        self._init_state()
+        _live.add(self)
+        log.info("kvtier tier %r: chain %s, namespace %s, %d-byte chunks", tier_type,
+                 " -> ".join(self._tier_names), self.namespace.hex, self._payload)
+
+    def _init_state(self) -> None:
+        """What the tier keeps between calls, all guarded by ``_lock``."""
+        # reentrant: a done-callback may run in the submitting thread
+        self._lock = threading.RLock()
+        self._counters = AdapterCounters()
+        self._verdicts = LookupVerdicts(
+            self._options.lookup_timeout, self._options.verdict_ttl, self._counters
+        )
         self._jobs: dict[int, _Job] = {}
         # loads reported failed while still reading: chain job -> deferred_release
         self._late: dict[int, threading.Event] = {}
@@ -398,32 +239,58 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._damaged: dict[bytes, float] = {}
         self._finished: list[Any] = []
         self._next_prune = 0.0
-        self._counts: dict[tuple[str, str], int] = {}  # since the last get_stats
-        self._totals: dict[tuple[str, str], int] = {}
+        # per kvtier tier, the chain counters get_stats already reported
         self._reported: dict[str, dict[str, int]] = {}
-        self._last_stats = 0.0
-        self._activity = False
         self.closed = False
-        _live.add(self)
-        log.info(
-            "kvtier tier %r: chain %s, namespace %s, %d-byte chunks",
-            tier_type,
-            " -> ".join(self._tier_names),
-            self.namespace.hex,
-            self._payload,
-        )
 
     def _waiting_reads(self) -> bool:
         """Whether a request waits on this tier (a lookup or a load in flight)."""
-        return bool(self._lookups) or any(job.load for job in self._jobs.values())
+        return self._verdicts.waiting or any(job.load for job in self._jobs.values())
 
+    # the chain -----------------------------------------------------------------------
     def _open_chain(self) -> Chain:
-        chain = Chain(self._chain_config, self.namespace, job_workers=self._job_workers)
+        chain = Chain(self._chain_config, self.namespace, job_workers=self._options.job_workers)
         if self._events is not None:
             chain.add_listener(self._on_chain_event)
         return chain
 
-    # KV events ---------------------------------------------------------------------
+    def _open_first_chain(self) -> ChainLike:
+        """The chain, or a stand-in while its storage is unreachable (reopened later)."""
+        try:
+            return self._open_chain()
+        except OSError as exc:  # storage unreachable: serve as an empty tier, retry later
+            log.warning(
+                "kvtier: the chain of %s did not open (%s); vLLM runs without it and "
+                "retries every %.0fs", self._options.config, exc, self._options.reopen_interval,
+            )
+            self._next_reopen = time.monotonic() + self._options.reopen_interval
+            return UnopenedChain(repr(exc))
+
+    def _maybe_reopen_locked(self, now: float) -> None:
+        """Try again to open a chain that failed to open, on a thread of its own."""
+        if not isinstance(self.chain, UnopenedChain) or self._reopening or now < self._next_reopen:
+            return
+        self._reopening = True
+
+        def run() -> None:
+            try:
+                chain: Chain | None = self._open_chain()
+            except Exception as exc:
+                log.debug("kvtier: reopening the chain failed: %r", exc)
+                chain = None
+            with self._lock:
+                self._reopening = False
+                self._next_reopen = time.monotonic() + self._options.reopen_interval
+                if chain is not None and self.closed:
+                    chain.close()
+                elif chain is not None:
+                    self._drain_locked(time.monotonic())  # the stand-in's last results
+                    self.chain = chain
+                    log.info("kvtier: chain %s opened", " -> ".join(self._tier_names))
+
+        threading.Thread(target=run, name="kvtier-vllm-reopen", daemon=True).start()
+
+    # KV events -----------------------------------------------------------------------
     def _on_chain_event(self, event: ChainEvent) -> None:
         """A chain's store or removal, as vLLM's ``OffloadingEvent`` (chain threads).
 
@@ -464,55 +331,17 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         if taken:
             with self._lock:
                 for e in taken:
-                    self._count("kv_events", "removed" if e.removed else "stored", len(e.keys))
+                    kind = "removed" if e.removed else "stored"
+                    self._counters.count("kv_events", kind, len(e.keys))
         return taken
 
-    def _maybe_reopen_locked(self, now: float) -> None:
-        """Try again to open a chain that failed to open, on a thread of its own."""
-        if not isinstance(self.chain, _NoChain) or self._reopening or now < self._next_reopen:
-            return
-        self._reopening = True
-
-        def run() -> None:
-            try:
-                chain: Chain | None = self._open_chain()
-            except Exception as exc:
-                log.debug("kvtier: reopening the chain failed: %r", exc)
-                chain = None
-            with self._lock:
-                self._reopening = False
-                self._next_reopen = time.monotonic() + self._reopen_interval
-                if chain is not None and self.closed:
-                    chain.close()
-                elif chain is not None:
-                    self._drain_locked(time.monotonic())  # the stand-in's last results
-                    self.chain = chain
-                    log.info("kvtier: chain %s opened", " -> ".join(self._tier_names))
-
-        threading.Thread(target=run, name="kvtier-vllm-reopen", daemon=True).start()
-
-    # lookups -------------------------------------------------------------------
+    # lookups -------------------------------------------------------------------------
     def lookup(self, key: bytes, req_context: ReqContext) -> Any:
         ck = chain_key(key)
         now = time.monotonic()
         with self._lock:
             self._drain_locked(now)
-            probe = self._probes.get(ck)
-            if probe is None or (probe.state >= _HIT and probe.expires <= now):
-                self._probes[ck] = _Probe(_PENDING, now)
-                self._batch.append(ck)
-                return LookupResult.RETRY
-            if probe.state == _HIT:
-                self._count("lookup_keys", "hit")
-                return LookupResult.HIT
-            if probe.state == _MISS:
-                self._count("lookup_keys", "miss")
-                return LookupResult.MISS
-            if now - probe.since > self._lookup_timeout:
-                probe.state, probe.expires = _MISS, now + self._verdict_ttl
-                self._count("lookup_keys", "timeout")
-                return LookupResult.MISS
-            return LookupResult.RETRY
+            return self._verdicts.answer(ck, now)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         with self._lock:
@@ -523,51 +352,21 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         with self._lock:
             self._drain_locked(now)
             self._maybe_reopen_locked(now)
-            batch, self._batch = self._batch, []
             if now >= self._next_prune:
                 self._prune_locked(now)
-            if not batch or self.closed:
-                return
-            probes = [
-                (k, p) for k in batch
-                if (p := self._probes.get(k)) is not None and p.state == _PENDING
-            ]
-            if not probes:
-                return
-            for _, probe in probes:
-                probe.state = _IN_FLIGHT
-            try:
-                job = self.chain.submit_lookup([k for k, _ in probes])
-            except KvtierError as exc:  # closing: answer misses
-                log.debug("kvtier lookup not submitted: %s", exc)
-                for _, probe in probes:
-                    probe.state, probe.expires = _MISS, now + self._verdict_ttl
-                return
-            self._lookups[job] = probes
+            batch = self._verdicts.take_queued()
+            if batch and not self.closed:
+                self._verdicts.submit(self.chain, batch, now)
 
     def _prune_locked(self, now: float) -> None:
-        self._next_prune = now + max(1.0, self._verdict_ttl)
-        stale = [
-            k for k, p in self._probes.items()
-            if (p.state >= _HIT and p.expires <= now)
-            or (p.state == _PENDING and now - p.since > self._lookup_timeout)
-        ]
-        for k in stale:
-            del self._probes[k]
+        self._next_prune = now + max(1.0, self._options.verdict_ttl)
+        self._verdicts.prune(now)
         # a damaged key not stored again soon is left for a later process to replace
-        old = [k for k, t in self._damaged.items() if now - t > self._failed_ttl]
+        old = [k for k, t in self._damaged.items() if now - t > self._options.failed_ttl]
         for k in old:
             del self._damaged[k]
 
-    def _remember(self, keys: Iterable[bytes], state: int, ttl: float, now: float) -> None:
-        for ck in keys:
-            probe = self._probes.get(ck)
-            if probe is None:
-                self._probes[ck] = _Probe(state, now, now + ttl)
-            else:
-                probe.state, probe.expires = state, now + ttl
-
-    # transfers -------------------------------------------------------------------
+    # transfers -----------------------------------------------------------------------
     def _rows(self, chunk_ids: Iterable[Any]) -> list[memoryview]:
         row, size, flat = self._row, self._payload, self._flat
         return [flat[int(c) * row : int(c) * row + size] for c in chunk_ids]
@@ -576,16 +375,12 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         now = time.monotonic()
         keys = list(job_metadata.keys)
         with self._lock:
-            held = {
-                ck for k in keys
-                if (p := self._probes.get(ck := chain_key(k))) is not None
-                and p.state == _HIT and p.expires > now
-            }
+            held = {ck for k in keys if self._verdicts.holds(ck := chain_key(k), now)}
             todo = [(k, c) for k, c in zip(keys, job_metadata.chunk_ids)
                     if chain_key(k) not in held]
             skipped = len(keys) - len(todo)
             if skipped:
-                self._count("store_keys", "skipped", skipped)
+                self._counters.count("store_keys", "skipped", skipped)
             job = _Job(job_metadata.job_id, False, [k for k, _ in todo], now, skipped)
             if not todo:
                 self._finish_locked(job, [], now)
@@ -610,7 +405,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             ), now)
 
     def _submit_locked(self, job: _Job, submit: Any, now: float) -> None:
-        self._activity = True
+        self._counters.active = True
         try:
             chain_job = submit()
         except KvtierError as exc:  # the chain is closing: the job fails, nothing was read
@@ -635,7 +430,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             dropped = self.chain.evict(damaged)
             if dropped:
                 with self._lock:
-                    self._count("dropped_keys", "failed_load", dropped)
+                    self._counters.count("dropped_keys", "failed_load", dropped)
             return self.chain.put(keys, rows)
 
         def done(future: Future[list[bool]]) -> None:
@@ -649,7 +444,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 self._repairs.discard(future)
                 self._finish_locked(job, flags, time.monotonic())
 
-        self._activity = True
+        self._counters.active = True
         future = self._repair.submit(run)
         self._repairs.add(future)
         future.add_done_callback(done)
@@ -661,14 +456,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         failed = [k for k, f in zip(job.keys, flags) if not f]
         kind = "load_keys" if job.load else "store_keys"
         if ok:
-            self._count(kind, "ok", len(ok))
+            self._counters.count(kind, "ok", len(ok))
         if failed:
-            self._count(kind, "failed", len(failed))
+            self._counters.count(kind, "failed", len(failed))
         # what this tier now holds, or failed to deliver, for later lookups and stores
-        self._remember((chain_key(k) for k in ok), _HIT, self._verdict_ttl, now)
+        self._verdicts.remember((chain_key(k) for k in ok), HIT, self._options.verdict_ttl, now)
         if job.load and failed:
             gone = [chain_key(k) for k in failed]
-            self._remember(gone, _MISS, self._failed_ttl, now)
+            self._verdicts.remember(gone, MISS, self._options.failed_ttl, now)
             if late is None:  # a slow read is no sign of a damaged block
                 self._damaged.update((ck, now) for ck in gone)
         success = not failed
@@ -688,14 +483,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             if res.error is not None:
                 log.warning("kvtier %s job failed: %r", res.kind, res.error)
             if res.kind == "lookup":
-                probes = self._lookups.pop(res.job_id, None)
-                if probes is None:
-                    continue
-                where = res.result if res.error is None else [None] * len(probes)
-                for (ck, probe), tier in zip(probes, where):
-                    if self._probes.get(ck) is probe and probe.state == _IN_FLIGHT:
-                        probe.state = _MISS if tier is None else _HIT
-                        probe.expires = now + self._verdict_ttl
+                self._verdicts.answered(res.job_id, res.result if res.error is None else None, now)
                 continue
             job = self._jobs.pop(res.job_id, None)
             if job is None:
@@ -706,15 +494,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             flags = [bool(f) for f in res.result] if res.error is None else []
             flags += [False] * (len(job.keys) - len(flags))
             self._finish_locked(job, flags, now)
-        if self._load_timeout is not None:
-            self._fail_slow_loads_locked(now)
+        if self._options.load_timeout is not None:
+            self._fail_slow_loads_locked(now, self._options.load_timeout)
 
-    def _fail_slow_loads_locked(self, now: float) -> None:
+    def _fail_slow_loads_locked(self, now: float, load_timeout: float) -> None:
         """Report loads running past ``load_timeout`` as failed, release deferred."""
-        assert self._load_timeout is not None
         slow = [
             chain_id for chain_id, job in self._jobs.items()
-            if job.load and now - job.submitted > self._load_timeout
+            if job.load and now - job.submitted > load_timeout
         ]
         for chain_id in slow:
             job = self._jobs.pop(chain_id)
@@ -745,7 +532,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         with self._lock:
             self._drain_locked(time.monotonic())
 
-    # vLLM 0.33+: labels of vllm:kv_offload_config_info ---------------------------
+    # vLLM 0.33+: labels of vllm:kv_offload_config_info -------------------------------
     @classmethod
     def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:
         return _CONFIG_INFO_KEYS
@@ -758,11 +545,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             "kvtier_chunk_bytes": self._payload,
         }
 
-    # requests ----------------------------------------------------------------------
+    # requests ------------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> Any:
         return RequestOffloadingContext()
 
-    # lifecycle ---------------------------------------------------------------------
+    # lifecycle -----------------------------------------------------------------------
     def shutdown(self) -> None:
         with self._lock:
             if self.closed:
@@ -774,17 +561,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         finally:
             with self._lock:
                 self._drain_locked(time.monotonic())
-                self._lookups.clear()
+                self._verdicts.drop_in_flight()
             self._flat.release()
             _live.discard(self)
 
-    # stats -------------------------------------------------------------------------
-    def _count(self, name: str, label: str, n: int = 1) -> None:
-        key = (name, label)
-        self._counts[key] = self._counts.get(key, 0) + n
-        self._totals[key] = self._totals.get(key, 0) + n
-        self._activity = True
-
+    # stats ---------------------------------------------------------------------------
     def chain_stats(self) -> dict[str, Any]:
         """The chain's :meth:`~kvtier.Chain.stats` (per kvtier tier counters)."""
         return self.chain.stats()
@@ -792,50 +573,23 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
     def adapter_stats(self) -> dict[str, int]:
         """Adapter counters so far: ``"lookup_keys:hit"`` and so on."""
         with self._lock:
-            return {f"{n}:{label}": v for (n, label), v in sorted(self._totals.items())}
+            return self._counters.totals()
 
     @classmethod
     def build_metric_definitions(
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
-        defs: dict[str, OffloadingMetricMetadata] = {}
-        for _, suffix, text in _TIER_COUNTERS:
-            defs[METRIC_PREFIX + suffix] = OffloadingCounterMetadata(
-                documentation=text, labelnames=_TIER_LABEL
-            )
-        defs[METRIC_PREFIX + _HEALTHY] = OffloadingGaugeMetadata(
-            documentation="1 while a kvtier tier is in service, 0 while it is skipped.",
-            labelnames=_TIER_LABEL,
-        )
-        for name, labels, text in _ADAPTER_COUNTERS:
-            defs[METRIC_PREFIX + name] = OffloadingCounterMetadata(
-                documentation=text, labelnames=labels
-            )
-        return defs
+        return metric_definitions()
 
     def get_stats(self) -> Any:
         """What changed since the last call, as vLLM offloading stats (None if nothing)."""
         now = time.monotonic()
         with self._lock:
-            if self.closed or (not self._activity and now - self._last_stats < 1.0):
-                return None
-            self._activity = False
-            self._last_stats = now
-            counts, self._counts = self._counts, {}
-        stats = OffloadingConnectorStats()
-        for (name, label), value in counts.items():
-            stats.increase_counter(METRIC_PREFIX + name, value, (label,))
+            counts = None if self.closed else self._counters.take(now)
+        if counts is None:
+            return None
         try:
             snapshot = self.chain.stats()
         except KvtierError:
             snapshot = {"tiers": []}
-        for tier in snapshot["tiers"]:
-            name = str(tier["name"])
-            seen = self._reported.setdefault(name, {})
-            for key, suffix, _ in _TIER_COUNTERS:
-                delta = int(tier.get(key, 0)) - seen.get(key, 0)
-                if delta > 0:
-                    stats.increase_counter(METRIC_PREFIX + suffix, delta, (name,))
-                    seen[key] = int(tier.get(key, 0))
-            stats.set_gauge(METRIC_PREFIX + _HEALTHY, 1.0 if tier.get("healthy") else 0.0, (name,))
-        return None if stats.is_empty() else stats
+        return offloading_stats(counts, snapshot, self._reported)

@@ -1,0 +1,83 @@
+"""The options of a ``secondary_tiers`` entry for ``KvtierTier``, checked.
+
+Each option is documented on ``KvtierTier``, whose keyword arguments they
+are; their defaults live there too.  Checking them here, before anything is
+opened, means a bad entry stops vLLM at start-up with an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.spec import ConfigError
+
+from ._compat import HAS_DEFERRED_RELEASE, VLLM_VERSION, locality_of
+
+__all__ = ["TierOptions"]
+
+
+@dataclass(frozen=True)
+class TierOptions:
+    """A ``secondary_tiers`` entry's options, as the tier uses them."""
+
+    config: str
+    namespace_extra: Mapping[str, Any] | None
+    model_name: str | None
+    keep_host_tier: bool
+    lookup_timeout: float
+    verdict_ttl: float
+    failed_ttl: float
+    job_workers: int
+    reopen_interval: float
+    #: vLLM's ``Locality``, or None to leave vLLM's default
+    locality: Any
+    load_timeout: float | None
+
+    @classmethod
+    def checked(
+        cls,
+        tier_type: str,
+        *,
+        config: str | None,
+        namespace_extra: Mapping[str, Any] | None,
+        model_name: str | None,
+        keep_host_tier: bool,
+        lookup_timeout: float,
+        verdict_ttl: float,
+        failed_ttl: float,
+        job_workers: int,
+        reopen_interval: float,
+        locality: str | None,
+        load_timeout: float | None,
+    ) -> TierOptions:
+        """The options of the tier named ``tier_type``; ConfigError names a bad one."""
+        if not config:
+            raise ConfigError(
+                f"secondary tier {tier_type!r} needs 'config': the path of a kvtier YAML"
+            )
+        return cls(
+            config=config,
+            namespace_extra=namespace_extra,
+            model_name=model_name,
+            keep_host_tier=keep_host_tier,
+            locality=None if locality is None else locality_of(locality),
+            lookup_timeout=float(lookup_timeout),
+            verdict_ttl=float(verdict_ttl),
+            failed_ttl=float(failed_ttl),
+            load_timeout=_load_timeout(load_timeout),
+            job_workers=job_workers,
+            reopen_interval=float(reopen_interval),
+        )
+
+
+def _load_timeout(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not HAS_DEFERRED_RELEASE:  # without it a late read could write into reused slots
+        raise ConfigError(
+            f"'load_timeout' needs vLLM 0.34 or later (JobResult.deferred_release); "
+            f"this is vLLM {VLLM_VERSION}"
+        )
+    return float(value)
