@@ -44,9 +44,10 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ._fslayout import _FAN_RE, TMP_PREFIX, Entry, LocalStore, Mapper, _listdir, _scan_leaf
+from ._fslayout import FAN_RE, TMP_PREFIX, Entry, Mapper, Store, listdir, scan_leaf
+from ._fslocal import LocalStore
 
-__all__ = ["INDEX_NAME", "leaf_of", "load_index", "save_index"]
+__all__ = ["INDEX_NAME", "leaf_of", "load_index", "load_tree", "save_index"]
 
 INDEX_NAME = "index.kvi"
 _MAGIC = b"KVTI"
@@ -66,8 +67,8 @@ def leaf_mtimes(store: LocalStore, mapper: Mapper[Any, Any]) -> dict[int, int]:
 
     def first(name: str) -> list[tuple[int, int]]:
         out = []
-        for second in _listdir(f"{store.nsroot}/{name}"):
-            if not _FAN_RE.match(second.name):
+        for second in listdir(f"{store.nsroot}/{name}"):
+            if not FAN_RE.match(second.name):
                 continue
             try:
                 st = second.stat(follow_symlinks=False)
@@ -77,8 +78,8 @@ def leaf_mtimes(store: LocalStore, mapper: Mapper[Any, Any]) -> dict[int, int]:
                 out.append((int(name + second.name, 16), st.st_mtime_ns))
         return out
 
-    firsts = [e.name for e in _listdir(store.nsroot)
-              if _FAN_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
+    firsts = [e.name for e in listdir(store.nsroot)
+              if FAN_RE.match(e.name) and e.is_dir(follow_symlinks=False)]
     return {leaf: mtime for part in mapper(first, firsts) for leaf, mtime in part}
 
 
@@ -136,6 +137,23 @@ def _parse(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
     return dirs, lengths, sizes, leaves, keys
 
 
+def load_tree(store: Store, mapper: Mapper[Any, Any]
+              ) -> tuple[OrderedDict[bytes, int], int, int]:
+    """What the tree holds at open, as :func:`load_index` answers it.
+
+    A local tier's index file spares the stat of every block; without a
+    usable one (or on a remote store) the whole tree is scanned, and the
+    number of leaf directories rescanned is -1.
+    """
+    loaded = load_index(store, mapper) if isinstance(store, LocalStore) else None
+    if loaded is not None:
+        return loaded
+    entries, stale = store.scan(mapper)
+    # after a restart the order of use is lost: file age is the best guess
+    entries.sort(key=lambda e: e.mtime)
+    return OrderedDict((e.key, e.size) for e in entries), stale, -1
+
+
 def load_index(store: LocalStore, mapper: Mapper[Any, Any]
                ) -> tuple[OrderedDict[bytes, int], int, int] | None:
     """The tree's blocks from the index, rescanning changed leaves.
@@ -189,7 +207,7 @@ def _rescan(store: LocalStore, leaves: list[int], mapper: Mapper[Any, Any]
 
     def scan(leaf: int) -> tuple[list[Entry], int]:
         d1, d2 = f"{leaf >> 8:02x}", f"{leaf & 0xFF:02x}"
-        return _scan_leaf(d1, d2, f"{store.nsroot}/{d1}/{d2}", now)
+        return scan_leaf(d1, d2, f"{store.nsroot}/{d1}/{d2}", now)
 
     parts: list[tuple[list[Entry], int]] = mapper(scan, leaves)
     return sum(n for _, n in parts), [e for part, _ in parts for e in part]

@@ -13,16 +13,28 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvtier.spec import ScanEntry
+from kvtier.spec import ConfigError, ScanEntry
 
-from ._fslayout import _mtime, key_of_name
+from ._fslayout import FAN_RE, NAMESPACE_RE, Store, key_of_name
+from ._fsremote import RemoteStore, mtime_of
 
-__all__ = ["SCAN_BATCH", "scan_local", "scan_remote"]
+__all__ = ["SCAN_BATCH", "scan_local", "scan_remote", "scan_store"]
 
 #: Entries per batch handed to the caller.
 SCAN_BATCH = 1024
-_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
-_FAN_RE = re.compile(r"^[0-9a-f]{2}$")
+
+
+def scan_store(
+    store: Store, namespace: str | None, check: Callable[[], None]
+) -> Iterator[list[ScanEntry]]:
+    """The blocks of ``namespace`` (all namespaces if None) beside ``store``'s own."""
+    if namespace is not None and not NAMESPACE_RE.match(namespace):
+        raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
+                          key="namespace")
+    root = store.nsroot.rsplit("/", 1)[0]  # the namespaces' parent: the tier's URL
+    if isinstance(store, RemoteStore):
+        return scan_remote(store.fs, root, namespace, check)
+    return scan_local(root, namespace, check)
 
 
 def _dirs(path: str, pattern: re.Pattern[str]) -> list[os.DirEntry[str]]:
@@ -40,11 +52,11 @@ def scan_local(
     root: str, namespace: str | None, check: Callable[[], None]
 ) -> Iterator[list[ScanEntry]]:
     """Blocks under a local ``root``; ``check`` runs before each batch (raises once closed)."""
-    spaces = [e.name for e in _dirs(root, _NAMESPACE_RE)] if namespace is None else [namespace]
+    spaces = [e.name for e in _dirs(root, NAMESPACE_RE)] if namespace is None else [namespace]
     batch: list[ScanEntry] = []
     for ns in spaces:
-        for first in _dirs(os.path.join(root, ns), _FAN_RE):
-            for second in _dirs(first.path, _FAN_RE):
+        for first in _dirs(os.path.join(root, ns), FAN_RE):
+            for second in _dirs(first.path, FAN_RE):
                 try:
                     with os.scandir(second.path) as it:
                         files = list(it)
@@ -82,14 +94,14 @@ def scan_remote(
     for path in sorted(listing):
         info = listing[path]
         parts = (path[len(prefix):] if path.startswith(prefix) else path).split("/")
-        if len(parts) != 4 or not _NAMESPACE_RE.match(parts[0]):
+        if len(parts) != 4 or not NAMESPACE_RE.match(parts[0]):
             continue
         if info.get("type", "file") != "file":
             continue
         key = key_of_name(parts[1], parts[2], parts[3])
         if key is None:
             continue
-        mtime = _mtime(info)
+        mtime = mtime_of(info)
         batch.append(ScanEntry(parts[0], key, int(info.get("size") or 0), mtime or None))
         if len(batch) >= SCAN_BATCH:
             check()

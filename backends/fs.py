@@ -6,13 +6,17 @@ from the key alone, so nothing a caller controls reaches a path.
 
 Local roots (``file://`` or a plain absolute path) use plain ``os`` calls:
 temp file + ``rename`` to publish, ``writev``/``preadv`` for the gather and
-scatter hooks.  Other URLs (``memory://``, ``s3://``, ...) go through fsspec
-and publish with a single ``pipe_file``.
+scatter hooks (:mod:`kvtier.backends._fslocal`; large reads bypass the page
+cache, :mod:`kvtier.backends._fsdirect`).  Other URLs (``memory://``,
+``s3://``, ...) go through fsspec and publish with a single ``pipe_file``
+(:mod:`kvtier.backends._fsremote`).
 
 The filesystem is the authority.  This process keeps an index (key -> size,
-in LRU order) to enforce the capacity and answer lookups without a stat, but
-a key missing from it is still looked for on disk, so several processes can
-share one directory.  The index is rebuilt at open by walking the tree.
+in LRU order, :mod:`kvtier.backends._fscapacity`) to enforce the capacity and
+answer lookups without a stat, but a key missing from it is still looked for
+on disk, so several processes can share one directory.  The index is rebuilt
+at open from the file a local tier leaves at close
+(:mod:`kvtier.backends._fsindex`), or by walking the tree.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequen
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
-from kvtier.config.units import parse_size
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -39,17 +42,14 @@ from kvtier.spec import (
 )
 
 from ._batch import joined, nbytes
-from ._fsindex import load_index, save_index
-from ._fslayout import (
-    DIRECT_MIN,
-    Entry,
-    LocalStore,
-    RemoteStore,
-    Store,
-    open_store,
-    run_batch,
-)
-from ._fsscan import scan_local, scan_remote
+from ._fscapacity import Ledger, Victim
+from ._fsdirect import DIRECT_MIN
+from ._fsindex import load_tree, save_index
+from ._fslayout import NAMESPACE_RE, Store
+from ._fslocal import LocalStore
+from ._fsopen import open_store
+from ._fsscan import scan_store
+from ._fsthreads import run_batch
 
 log = logging.getLogger("kvtier.backends.fs")
 
@@ -59,28 +59,15 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _check_url(value: Any) -> None:
-    if not isinstance(value, str) or not value.strip():
+# The checks see values already parsed as the option's type (an int, a str).
+def _check_url(value: str) -> None:
+    if not value.strip():
         raise ValueError("expected a URL such as file:///var/cache/kv or s3://bucket/prefix")
 
 
-def _check_threads(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _check_threads(value: int) -> None:
+    if value < 1:
         raise ValueError(f"expected a whole number of threads >= 1, got {value!r}")
-
-
-def _checked(check: Callable[[Any], None]) -> Callable[[Any], Any]:
-    def parse(value: Any) -> Any:
-        check(value)
-        return value
-
-    return parse
-
-
-def _check_map(value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"expected a mapping of fsspec keyword arguments, got {value!r}")
-    return dict(value)
 
 
 OPTIONS: Mapping[str, Option] = {
@@ -123,9 +110,6 @@ OPTIONS: Mapping[str, Option] = {
     ),
 }
 
-#: How long a put waits for other threads' writes to land and free room.
-_LANDING_TIMEOUT = 30.0
-_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 
 
@@ -139,30 +123,15 @@ class FsBackend:
 
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
-        self._lock = threading.Lock()
-        # notified whenever writes in flight land (or fail) and give back the
-        # room they reserved
-        self._landed = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # never held during I/O
         self._state = "new"  # -> "open" -> "closed"
         self._store: Store = Store("")
         self._url = ""
-        self._capacity: int | None = None
         self._fsync = False
         self._threads = 1
         self._pool: ThreadPoolExecutor | None = None
-        # key -> stored size, least recently used first.  Guarded by _lock,
-        # which is never held during I/O.
-        self._index: OrderedDict[bytes, int] = OrderedDict()
-        self._used = 0
-        # bytes of writes in flight, counted against the capacity before they
-        # land so that concurrent puts cannot overshoot it together
-        self._reserved = 0
-        # keys whose file is being deleted: a concurrent get that still reads
-        # the file must not put them back into the index
-        self._doomed: dict[bytes, int] = {}
-        self._evictions = 0
-        self._evicted_bytes = 0
-        self._found_on_disk = 0
+        # what the tier holds and what puts reserved, guarded by _lock
+        self._ledger = Ledger(self._lock)
         self._stale_tmp_removed = 0
         # leaf directories listed again at open because the index file was
         # older than them; -1: no usable index, the whole tree was scanned
@@ -179,27 +148,19 @@ class FsBackend:
             self._check_not_closed()
             if self._state == "open":
                 raise RuntimeError("fs backend is already open")
-
-        def option(name: str, parse: Callable[[Any], T]) -> T:
-            # options normally arrive validated; re-checking costs nothing and
-            # gives direct callers (tests, embedders) the same errors
-            try:
-                return parse(options.get(name, OPTIONS[name].default))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(str(exc), key=name) from None
-
-        url: str = option("url", _checked(_check_url))
+        # options arrive checked against OPTIONS, defaults filled (BackendHandle.open)
+        url: str = options["url"]
         self._url = _redact(url)
-        if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+        if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
             # it becomes a directory name: accept nothing but the documented form
             raise ConfigError(
                 f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
             )
-        self._capacity = option("capacity", lambda v: None if v is None else parse_size(v))
-        self._threads = option("io_threads", _checked(_check_threads))
-        self._fsync = option("fsync", bool)
-        store = open_store(url, option("storage_options", _check_map), namespace, self._url)
-        if isinstance(store, LocalStore) and option("direct_io", bool):
+        self._ledger.capacity = options["capacity"]
+        self._threads = options["io_threads"]
+        self._fsync = options["fsync"]
+        store = open_store(url, options["storage_options"], namespace, self._url)
+        if isinstance(store, LocalStore) and options["direct_io"]:
             store.direct_min = DIRECT_MIN
         try:
             store.create_root()
@@ -216,29 +177,17 @@ class FsBackend:
             self._store, self._pool = store, pool
         try:
             mapper = lambda fn, items: self._map(fn, items, "scan")  # noqa: E731
-            # a local tier's index file spares the stat of every block (see _fsindex)
-            loaded = load_index(store, mapper) if isinstance(store, LocalStore) else None
-            if loaded is None:
-                entries, stale = store.scan(mapper)
+            found = load_tree(store, mapper)
         except BaseException as exc:
             if pool is not None:
                 pool.shutdown(wait=True)
             self._pool = None
             self._raise(exc, "scan")
-        if loaded is not None:
-            self._adopt(*loaded)
-        else:
-            self._rebuild(entries, stale)
-
-    def _rebuild(self, entries: list[Entry], stale: int) -> None:
-        # after a restart the order of use is lost: file age is the best guess
-        entries.sort(key=lambda e: e.mtime)
-        self._adopt(OrderedDict((e.key, e.size) for e in entries), stale, -1)
+        self._adopt(*found)
 
     def _adopt(self, index: OrderedDict[bytes, int], stale: int, rescanned: int) -> None:
         with self._lock:
-            self._index = index
-            self._used = sum(index.values())
+            self._ledger.adopt(index)
             self._stale_tmp_removed += stale
             self._leaves_rescanned = rescanned
             self._state = "open"
@@ -255,7 +204,7 @@ class FsBackend:
             persistent=not self._store.memory,
             shared=not self._store.memory,
             thread_safe=True,
-            capacity=self._capacity,
+            capacity=self._ledger.capacity,
             reports_evictions=True,
             extra={"eviction": "lru", "local": self._store.local, "io_threads": self._threads},
         )
@@ -264,17 +213,18 @@ class FsBackend:
     def kvtier_stats(self) -> Mapping[str, int | float]:
         with self._lock:
             self._check_open()
+            ledger = self._ledger
             stats: dict[str, int | float] = {
-                "used_bytes": self._used,
-                "blocks": len(self._index),
-                "evictions": self._evictions,
-                "evicted_bytes": self._evicted_bytes,
-                "found_on_disk": self._found_on_disk,
+                "used_bytes": ledger.used,
+                "blocks": len(ledger.index),
+                "evictions": ledger.evictions,
+                "evicted_bytes": ledger.evicted_bytes,
+                "found_on_disk": ledger.found_on_disk,
                 "stale_tmp_removed": self._stale_tmp_removed,
                 "leaves_rescanned": self._leaves_rescanned,
             }
-            if self._capacity is not None:
-                stats["capacity_bytes"] = self._capacity
+            if ledger.capacity is not None:
+                stats["capacity_bytes"] = ledger.capacity
         return stats
 
     @hookimpl
@@ -284,8 +234,9 @@ class FsBackend:
                 return
             self._state = "closed"
             pool, self._pool = self._pool, None
-            keys, sizes = list(self._index), list(self._index.values())
-            self._index.clear()
+            index = self._ledger.index
+            keys, sizes = list(index), list(index.values())
+            index.clear()
         # Every block answered True was renamed into place (or piped) before
         # put returned, so nothing is left to flush; just let workers finish.
         try:
@@ -301,8 +252,6 @@ class FsBackend:
         assert isinstance(self._store, LocalStore)
 
         def mapper(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-            if pool is None or len(items) <= 1:
-                return [fn(x) for x in items]
             return run_batch(pool, self._threads, fn, items)
 
         try:
@@ -319,6 +268,9 @@ class FsBackend:
         if self._state != "open":
             state = "closed" if self._state == "closed" else "not open"
             raise ClosedError(f"fs backend is {state}")
+
+    def _is_open(self) -> bool:
+        return self._state == "open"
 
     # data path ------------------------------------------------------------
     @hookimpl
@@ -350,10 +302,11 @@ class FsBackend:
     ) -> list[bool]:
         if len(keys) == 1 and self._put_one(keys[0], parts[0], sizes[0]):
             return [True]
+        ledger = self._ledger
         with self._lock:
             if self._state != "open":
                 self._check_open()
-            results, plan, victims, first = self._plan(keys, sizes)
+            results, plan, victims, first = ledger.plan(keys, sizes, self._is_open)
         if not plan and not victims:
             # all stored already (or refused): nothing to write, no second lock
             if first is not None:
@@ -375,19 +328,18 @@ class FsBackend:
             outcomes = self._map(write, plan, "write block")
         except BaseException:
             with self._lock:
-                self._reserved -= sum(sizes[i] for i in plan)
-                self._landed.notify_all()
+                ledger.release(sum(sizes[i] for i in plan))
             raise
         failure: Exception | None = None
         with self._lock:
             for i, out in zip(plan, outcomes, strict=True):
-                self._reserved -= sizes[i]
+                ledger.reserved -= sizes[i]
                 if isinstance(out, int):
-                    self._admit(keys[i], out)
+                    ledger.admit(keys[i], out)
                 else:
                     results[i] = False
                     failure = failure or out
-            self._landed.notify_all()
+            ledger.landed.notify_all()
         if failure is not None:
             self._raise(failure, "write block")
         if first is not None:
@@ -401,105 +353,31 @@ class FsBackend:
         Small blocks cost a few syscalls; the general path's planning would
         add a noticeable share to that.  Answers False to hand over to it.
         """
+        ledger = self._ledger
         with self._lock:
             if self._state != "open":
                 self._check_open()
-            if key in self._index:
-                self._index.move_to_end(key)
+            if key in ledger.index:
+                ledger.index.move_to_end(key)
                 return True
-            cap = self._capacity
-            if cap is not None and self._used + self._reserved + size > cap:
+            cap = ledger.capacity
+            if cap is not None and ledger.used + ledger.reserved + size > cap:
                 return False
-            self._reserved += size
+            ledger.reserved += size
         try:
             stored = self._store.write(key, parts, self._fsync)
         except BaseException as exc:
             with self._lock:
-                self._reserved -= size
-                self._landed.notify_all()
+                ledger.release(size)
             self._raise(exc, "write block")
         with self._lock:
-            self._reserved -= size
-            self._admit(key, stored)
-            self._landed.notify_all()
+            ledger.release(size)
+            ledger.admit(key, stored)
         return True
-
-    def _plan(
-        self, keys: Sequence[bytes], sizes: list[int]
-    ) -> tuple[list[bool], list[int], list[tuple[bytes, int | None]], dict[bytes, int] | None]:
-        """Decide, under the lock, what a put writes and what it evicts.
-
-        Answers the provisional results, the batch positions to write, the
-        victims in eviction order -- ``(key, None)`` for a stored block,
-        ``(key, i)`` for a block of this batch pushed out by a later one before
-        it was written -- and, for a batch with repeated keys, each key's first
-        position.  Space for the writes is reserved until they land, so that
-        concurrent puts cannot overshoot the capacity together.
-        """
-        n = len(keys)
-        results = [False] * n
-        index, cap = self._index, self._capacity
-        first: dict[bytes, int] | None = None
-        if n > 1:
-            first = {}
-            for i, key in enumerate(keys):
-                first.setdefault(key, i)
-            if len(first) == n:
-                first = None  # no repeats: skip the fix-up at the end
-        plan: list[int] = []
-        head = 0  # plan[:head] were pushed out again by later blocks
-        victims: list[tuple[bytes, int | None]] = []
-        for i, key in enumerate(keys):
-            if first is not None and first[key] != i:
-                continue
-            if key in index:
-                index.move_to_end(key)
-                results[i] = True
-                continue
-            size = sizes[i]
-            if cap is not None:
-                if size > cap:
-                    continue
-                # Same outcome as putting the batch one block at a time: the
-                # least recently used go first, earlier blocks of this batch last.
-                over = self._used + self._reserved + size - cap
-                while over > 0:
-                    if index:
-                        vkey, vsize = index.popitem(last=False)
-                        self._used -= vsize
-                        self._doomed[vkey] = self._doomed.get(vkey, 0) + 1
-                        victims.append((vkey, None))
-                    elif head < len(plan):
-                        vi = plan[head]
-                        head += 1
-                        vsize = sizes[vi]
-                        self._reserved -= vsize
-                        victims.append((keys[vi], vi))
-                    elif self._reserved and self._state == "open":
-                        # The rest is held by other threads' writes in flight
-                        # (this batch's own are given back above).  Once they
-                        # land they can be evicted like any block; refusing
-                        # now would turn a block that fits into a False.
-                        # Batches waiting here hold no reservation, so they
-                        # never wait for each other.
-                        if not self._landed.wait(_LANDING_TIMEOUT):
-                            break
-                        over = self._used + self._reserved + size - cap
-                        continue
-                    else:
-                        break
-                    over -= vsize
-                if over > 0:
-                    continue
-            plan.append(i)
-            self._reserved += size
-            results[i] = True
-        self._evictions += len(victims)
-        return results, plan[head:], victims, first
 
     def _report_victims(
         self,
-        victims: list[tuple[bytes, int | None]],
+        victims: list[Victim],
         parts: Sequence[Sequence[BytesLike]],
         evicted: MutableSequence[tuple[bytes, BytesLike]],
     ) -> None:
@@ -518,8 +396,8 @@ class FsBackend:
             self._map(self._store.remove, stored, "evict")
         finally:
             with self._lock:
-                self._undoom(stored)
-                self._evicted_bytes += total
+                self._ledger.undoom(stored)
+                self._ledger.evicted_bytes += total
 
     @hookimpl
     def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
@@ -566,7 +444,7 @@ class FsBackend:
         with self._lock:
             if self._state != "open":
                 self._check_open()
-            index = self._index
+            index = self._ledger.index
             known = [key in index for key in keys]
         if all(known):
             return known
@@ -583,17 +461,13 @@ class FsBackend:
         with self._lock:
             if self._state != "open":
                 self._check_open()
-            for key in unique:
-                size = self._index.pop(key, None)
-                if size is not None:
-                    self._used -= size
-                self._doomed[key] = self._doomed.get(key, 0) + 1
+            self._ledger.doom(unique)
         try:
             # unlink even keys this process never saw: another may have written them
             removed = self._map(self._store.remove, unique, "evict block")
         finally:
             with self._lock:
-                self._undoom(unique)
+                self._ledger.undoom(unique)
         first = dict(zip(unique, removed, strict=True))
         out = []
         for key in keys:
@@ -606,21 +480,12 @@ class FsBackend:
     def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         with self._lock:
             self._check_open()
-        if namespace is not None and not _NAMESPACE_RE.match(namespace):
-            raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
-                              key="namespace")
-        store = self._store
-        root = store.nsroot.rsplit("/", 1)[0]  # the namespaces' parent: the tier's URL
 
         def check() -> None:
             with self._lock:
                 self._check_open()
 
-        if isinstance(store, RemoteStore):
-            batches = scan_remote(store.fs, root, namespace, check)
-        else:
-            batches = scan_local(root, namespace, check)
-        return self._faults_as_backend_errors(batches)
+        return self._faults_as_backend_errors(scan_store(self._store, namespace, check))
 
     def _faults_as_backend_errors(
         self, batches: Iterator[list[ScanEntry]]
@@ -645,18 +510,10 @@ class FsBackend:
     # helpers --------------------------------------------------------------
     def _touch(self, keys: Sequence[bytes]) -> list[bool]:
         """Mark indexed keys as just used; answer which were indexed."""
-        known = []
         with self._lock:
             if self._state != "open":
                 self._check_open()
-            index = self._index
-            for key in keys:
-                if key in index:
-                    index.move_to_end(key)
-                    known.append(True)
-                else:
-                    known.append(False)
-        return known
+            return self._ledger.touch(keys)
 
     def _reconcile(
         self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None]
@@ -668,30 +525,7 @@ class FsBackend:
         else:
             return  # the common case: no second trip through the lock
         with self._lock:
-            for key, hit, size in zip(keys, known, sizes, strict=True):
-                if size is None:
-                    # deleted by another process: a miss, and no longer counted
-                    if hit and key in self._index:
-                        self._used -= self._index.pop(key)
-                elif key not in self._index and key not in self._doomed:
-                    # Written by another process.  Counting it may overshoot
-                    # the capacity; the next put evicts back under it (and
-                    # reports what it evicts, which a get could not).
-                    self._admit(key, size)
-                    self._found_on_disk += 1
-
-    def _admit(self, key: bytes, size: int) -> None:
-        if key in self._index:
-            self._index.move_to_end(key)
-        else:
-            self._index[key] = size
-            self._used += size
-
-    def _undoom(self, keys: Sequence[bytes]) -> None:
-        for key in keys:
-            left = self._doomed.pop(key) - 1
-            if left:
-                self._doomed[key] = left
+            self._ledger.reconcile(keys, known, sizes)
 
     def _map(self, fn: Callable[[T], R], items: Sequence[T], what: str) -> list[R]:
         """``[fn(x) for x in items]``, spread over the I/O threads for a batch.
@@ -702,10 +536,7 @@ class FsBackend:
         every item has finished, so no I/O of the batch is left running.
         """
         try:
-            pool = self._pool
-            if len(items) <= 1 or pool is None:
-                return [fn(x) for x in items]
-            return run_batch(pool, self._threads, fn, items)
+            return run_batch(self._pool, self._threads, fn, items)
         except BaseException as exc:
             self._raise(exc, what)
 

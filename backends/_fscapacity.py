@@ -1,0 +1,196 @@
+"""What an ``fs`` tier holds, by this process's count, and what a put may write and evict.
+
+:class:`Ledger` keeps the index (key -> stored size, least recently used
+first), the bytes it adds up to, the room reserved for writes in flight and
+the keys whose files are being deleted.  It does no I/O: the backend
+(:mod:`kvtier.backends.fs`) calls it with its lock held, which is never held
+during I/O, and does the reads, writes and deletes it decides.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from ._batch import first_positions
+
+__all__ = ["Ledger", "Victim"]
+
+#: How long a put waits for other threads' writes to land and free room.
+_LANDING_TIMEOUT = 30.0
+
+#: An eviction victim: ``(key, None)`` for a stored block, ``(key, i)`` for
+#: block ``i`` of the batch being put, pushed out by a later one before it
+#: was written.
+Victim = tuple[bytes, int | None]
+
+
+class Ledger:
+    """The index, the capacity and the room reserved; every method runs under the backend's lock."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        # notified whenever writes in flight land (or fail) and give back the
+        # room they reserved
+        self.landed = threading.Condition(lock)
+        self.capacity: int | None = None
+        # key -> stored size, least recently used first
+        self.index: OrderedDict[bytes, int] = OrderedDict()
+        self.used = 0
+        # bytes of writes in flight, counted against the capacity before they
+        # land so that concurrent puts cannot overshoot it together
+        self.reserved = 0
+        # keys whose file is being deleted: a concurrent get that still reads
+        # the file must not put them back into the index
+        self.doomed: dict[bytes, int] = {}
+        self.evictions = 0
+        self.evicted_bytes = 0
+        self.found_on_disk = 0
+
+    def adopt(self, index: OrderedDict[bytes, int]) -> None:
+        """Start from ``index``, as found on disk at open."""
+        self.index = index
+        self.used = sum(index.values())
+
+    def admit(self, key: bytes, size: int) -> None:
+        if key in self.index:
+            self.index.move_to_end(key)
+        else:
+            self.index[key] = size
+            self.used += size
+
+    def release(self, size: int) -> None:
+        """Give back ``size`` bytes reserved for writes that landed or failed; wake the
+        puts waiting for room."""
+        self.reserved -= size
+        self.landed.notify_all()
+
+    def touch(self, keys: Sequence[bytes]) -> list[bool]:
+        """Mark indexed keys as just used; answer which were indexed."""
+        known = []
+        index = self.index
+        for key in keys:
+            if key in index:
+                index.move_to_end(key)
+                known.append(True)
+            else:
+                known.append(False)
+        return known
+
+    def doom(self, keys: Sequence[bytes]) -> None:
+        """Drop ``keys`` from the index while their files are deleted."""
+        for key in keys:
+            size = self.index.pop(key, None)
+            if size is not None:
+                self.used -= size
+            self.doomed[key] = self.doomed.get(key, 0) + 1
+
+    def undoom(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            left = self.doomed.pop(key) - 1
+            if left:
+                self.doomed[key] = left
+
+    def reconcile(
+        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None]
+    ) -> None:
+        """Bring the index in line with what the store answered for ``keys``."""
+        for key, hit, size in zip(keys, known, sizes, strict=True):
+            if size is None:
+                # deleted by another process: a miss, and no longer counted
+                if hit and key in self.index:
+                    self.used -= self.index.pop(key)
+            elif key not in self.index and key not in self.doomed:
+                # Written by another process.  Counting it may overshoot
+                # the capacity; the next put evicts back under it (and
+                # reports what it evicts, which a get could not).
+                self.admit(key, size)
+                self.found_on_disk += 1
+
+    def plan(
+        self, keys: Sequence[bytes], sizes: list[int], is_open: Callable[[], bool]
+    ) -> tuple[list[bool], list[int], list[Victim], dict[bytes, int] | None]:
+        """Decide what a put writes and what it evicts.
+
+        Answers the provisional results, the batch positions to write, the
+        victims in eviction order and, for a batch with repeated keys, each
+        key's first position.  Space for the writes is reserved until they
+        land, so that concurrent puts cannot overshoot the capacity together.
+        ``is_open`` tells whether waiting for other writes to land still makes
+        sense.
+        """
+        n = len(keys)
+        results = [False] * n
+        index, cap = self.index, self.capacity
+        first: dict[bytes, int] | None = None
+        if n > 1:
+            first = first_positions(keys)
+            if len(first) == n:
+                first = None  # no repeats: skip the fix-up at the end
+        plan: list[int] = []
+        head = 0  # plan[:head] were pushed out again by later blocks
+        victims: list[Victim] = []
+        for i, key in enumerate(keys):
+            if first is not None and first[key] != i:
+                continue
+            if key in index:
+                index.move_to_end(key)
+                results[i] = True
+                continue
+            size = sizes[i]
+            if cap is not None:
+                if size > cap:
+                    continue
+                fits, head = self._make_room(size, cap, keys, sizes, plan, head, victims, is_open)
+                if not fits:
+                    continue
+            plan.append(i)
+            self.reserved += size
+            results[i] = True
+        self.evictions += len(victims)
+        return results, plan[head:], victims, first
+
+    def _make_room(
+        self,
+        size: int,
+        cap: int,
+        keys: Sequence[bytes],
+        sizes: list[int],
+        plan: list[int],
+        head: int,
+        victims: list[Victim],
+        is_open: Callable[[], bool],
+    ) -> tuple[bool, int]:
+        """Evict until ``size`` more bytes fit under ``cap``; answer whether they do, and
+        how many of ``plan``'s blocks are now pushed out again."""
+        # Same outcome as putting the batch one block at a time: the
+        # least recently used go first, earlier blocks of this batch last.
+        index = self.index
+        over = self.used + self.reserved + size - cap
+        while over > 0:
+            if index:
+                vkey, vsize = index.popitem(last=False)
+                self.used -= vsize
+                self.doomed[vkey] = self.doomed.get(vkey, 0) + 1
+                victims.append((vkey, None))
+            elif head < len(plan):
+                vi = plan[head]
+                head += 1
+                vsize = sizes[vi]
+                self.reserved -= vsize
+                victims.append((keys[vi], vi))
+            elif self.reserved and is_open():
+                # The rest is held by other threads' writes in flight
+                # (this batch's own are given back above).  Once they
+                # land they can be evicted like any block; refusing
+                # now would turn a block that fits into a False.
+                # Batches waiting here hold no reservation, so they
+                # never wait for each other.
+                if not self.landed.wait(_LANDING_TIMEOUT):
+                    break
+                over = self.used + self.reserved + size - cap
+                continue
+            else:
+                break
+            over -= vsize
+        return over <= 0, head
