@@ -3,7 +3,7 @@
 A block is published by writing a temp file (``writev`` of its gather list)
 and renaming it into place; it is read with one ``read`` into a bytes object,
 or with ``preadv`` straight into the caller's buffers, and large blocks
-bypass the page cache (:class:`~kvtier.backends._fsdirect.DirectReads`).
+bypass the page cache (:class:`~kvtier.backends._fsdirect.DirectIO`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._batch import byte_views
-from ._fsdirect import IOV_MAX, DirectReads
+from ._fsdirect import IOV_MAX, DirectIO
 from ._fslayout import (
     FAN_RE,
     TMP_PREFIX,
@@ -35,7 +35,7 @@ __all__ = ["LocalStore"]
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-class LocalStore(DirectReads, Store):
+class LocalStore(DirectIO, Store):
     local = True
 
     def create_root(self) -> None:
@@ -74,7 +74,10 @@ class LocalStore(DirectReads, Store):
         published = False
         try:
             try:
-                size = _writev_all(fd, byte_views(parts))
+                bufs = byte_views(parts)
+                size = sum(map(len, bufs))
+                if not self.write_large(fd, bufs, size):
+                    _writev_all(fd, bufs)
                 if fsync:
                     os.fsync(fd)
             finally:

@@ -96,10 +96,10 @@ OPTIONS: Mapping[str, Option] = {
     ),
     "direct_io": Option(
         "bool",
-        "read blocks of 256 KiB and more that are not in the page cache with O_DIRECT "
-        "on local paths: cold reads come faster and KV is not cached a second time; "
-        "blocks still cached are read from the cache; filesystems that refuse "
-        "O_DIRECT (tmpfs) are read through the page cache",
+        "write blocks of 256 KiB and more with O_DIRECT on local paths, and read those "
+        "not in the page cache with it: less CPU per block, cold reads come faster and "
+        "KV is not cached a second time; blocks still cached are read from the cache; "
+        "filesystems that refuse O_DIRECT (tmpfs) go through the page cache",
         default=True,
     ),
     "storage_options": Option(
