@@ -9,14 +9,16 @@ does with no kvtier at all:
 * ``host``: ``memcpy`` into preallocated buffers;
 * ``fs`` (local paths): plain Python ``open``/``write`` of a temp file and
   ``rename`` into place, ``readinto`` back, one file per block in a directory
-  beside the tier's, with the tier's ``fsync``; reads also with ``O_DIRECT``,
-  and both again after the files were dropped from the page cache;
+  beside the tier's, with the tier's ``fsync``; reads also with ``O_DIRECT``.
+  A read is timed once with the files of both sides in the page cache (each
+  read through it once, untimed: a tier writing with ``O_DIRECT`` leaves
+  nothing there) and once after both were dropped from it;
 * ``object``: ``obstore.put``/``obstore.get`` against the same bucket, one
   request at a time and ``concurrency`` at a time;
 * ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
   in a process of its own, as ``kvtier serve`` is.
 
-Every block read back, by kvtier or raw, is compared with what was written;
+The ceilings are in :mod:`kvtier.bench.ceilings`.  Every block read back, by kvtier or raw, is compared with what was written;
 a difference is reported, never hidden.  Rounds interleave kvtier and raw
 so that a disturbance (a shared machine) hits both; the ratio kvtier/raw is
 the figure to read, absolute numbers depend on the machine.
@@ -30,7 +32,6 @@ disturbed round on a shared machine does not move.
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
 import platform
 import shutil
@@ -38,7 +39,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +46,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from kvtier.bench.ceilings import (
+    FileRaw,
+    MemcpyRaw,
+    ObstoreRaw,
+    PeerRaw,
+    Raw,
+    drop_page_cache,
+    warm_page_cache,
+)
 from kvtier.bench.first import first_use
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
@@ -121,198 +130,6 @@ class Series:
             "p99_ms": percentile(self.seconds, 99) * 1e3,
             "batches": len(self.seconds),
         }
-
-
-class Raw:
-    """The medium without kvtier: what a tier's figures are compared with."""
-
-    label = "raw"
-    #: Operations whose figures this ceiling reports (it runs both: a get needs the data).
-    reports: tuple[str, ...] = ("put", "get")
-
-    def put(self, names: list[str], blocks: list[memoryview]) -> None:
-        raise NotImplementedError
-
-    def get(self, names: list[str], outs: list[memoryview]) -> None:
-        raise NotImplementedError
-
-    def clear(self, names: list[str]) -> None:
-        """Drop what a round stored (untimed)."""
-
-    def close(self) -> None:
-        """Release the medium."""
-
-
-class MemcpyRaw(Raw):
-    label = "memcpy"
-
-    def __init__(self) -> None:
-        self.slots: dict[str, bytearray] = {}
-        self.spare: list[bytearray] = []
-        # first use is timed in a child process, beside the tier there (kvtier.bench.first)
-        self.reports = ("put", "get", "put-first", "get-first")
-
-    def prepare(self, count: int, size: int) -> None:
-        # preallocated and touched, so the copy never pays for page faults
-        self.spare = [bytearray(b"\1" * size) for _ in range(count)]
-
-    def put(self, names: list[str], blocks: list[memoryview]) -> None:
-        for name, block, slot in zip(names, blocks, self.spare):
-            slot[:] = block
-            self.slots[name] = slot
-
-    def get(self, names: list[str], outs: list[memoryview]) -> None:
-        for name, out in zip(names, outs):
-            out[:] = self.slots[name]
-
-    def clear(self, names: list[str]) -> None:
-        for name in names:
-            self.slots.pop(name, None)
-
-
-class FileRaw(Raw):
-    """One file per block; ``direct`` reads with O_DIRECT through an aligned buffer."""
-
-    def __init__(self, root: Path, fsync: bool, direct: bool = False) -> None:
-        self.root, self.fsync, self.direct = root, fsync, direct
-        self.label = "file I/O O_DIRECT" if direct else "file I/O"
-        self.reports = ("put", "get", "get-uncached")
-        if direct:
-            self.reports = ("get", "get-uncached")  # it writes as the plain one does
-        self.scratch: memoryview | None = None
-        root.mkdir(parents=True, exist_ok=True)
-
-    def put(self, names: list[str], blocks: list[memoryview]) -> None:
-        # a temp file renamed into place: the least any store that readers may
-        # share while it writes must do, so that no one reads half a block
-        for name, block in zip(names, blocks):
-            tmp = self.root / f".tmp-{name}"
-            with open(tmp, "wb") as f:
-                f.write(block)
-                if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.rename(tmp, self.root / name)
-        if self.fsync:
-            fd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def get(self, names: list[str], outs: list[memoryview]) -> None:
-        if self.direct:
-            self._get_direct(names, outs)
-            return
-        for name, out in zip(names, outs):
-            with open(self.root / name, "rb", buffering=0) as f:
-                f.readinto(out)
-
-    def _get_direct(self, names: list[str], outs: list[memoryview]) -> None:
-        size = outs[0].nbytes
-        aligned = -(-size // 4096) * 4096
-        if self.scratch is None or self.scratch.nbytes < aligned:
-            self.scratch = memoryview(mmap.mmap(-1, aligned))  # page aligned, as O_DIRECT wants
-        view = self.scratch[:aligned]
-        for name, out in zip(names, outs):
-            fd = os.open(self.root / name, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-            try:
-                got = os.readv(fd, [view])
-            finally:
-                os.close(fd)
-            out[:] = view[: min(got, out.nbytes)]
-
-    def drop_cache(self, names: list[str]) -> None:
-        drop_page_cache([self.root / name for name in names])
-
-    def clear(self, names: list[str]) -> None:
-        for name in names:
-            (self.root / name).unlink(missing_ok=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def drop_page_cache(paths: Sequence[Path]) -> None:
-    """Push files out of the page cache: flushed first, since only clean pages are dropped."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-class ObstoreRaw(Raw):
-    """Plain obstore calls; ``concurrency`` > 1 runs them on that many threads."""
-
-    def __init__(self, options: dict[str, Any], prefix: str, concurrency: int) -> None:
-        import obstore
-        from obstore.store import S3Store
-
-        self.obstore = obstore
-        config: dict[str, Any] = {"region": options.get("region") or "us-east-1"}
-        for key in ("endpoint", "access_key_id", "secret_access_key"):
-            if options.get(key):
-                config[key] = options[key]
-        endpoint = options.get("endpoint") or ""
-        allow_http = options.get("allow_http")
-        self.store = S3Store(
-            options["bucket"], config=config,  # type: ignore[arg-type]
-            client_options={"allow_http": endpoint.startswith("http://")
-                            if allow_http is None else bool(allow_http)})
-        self.prefix = prefix
-        self.concurrency = concurrency
-        self.label = "obstore" if concurrency == 1 else f"obstore x{concurrency}"
-        self.pool = ThreadPoolExecutor(concurrency) if concurrency > 1 else None
-
-    def _each(self, fn: Callable[[int], None], n: int) -> None:
-        if self.pool is None:
-            for i in range(n):
-                fn(i)
-        else:
-            list(self.pool.map(fn, range(n)))
-
-    def put(self, names: list[str], blocks: list[memoryview]) -> None:
-        def one(i: int) -> None:
-            self.obstore.put(self.store, f"{self.prefix}/{names[i]}", blocks[i],
-                             use_multipart=False)
-
-        self._each(one, len(names))
-
-    def get(self, names: list[str], outs: list[memoryview]) -> None:
-        def one(i: int) -> None:
-            outs[i][:] = memoryview(self.obstore.get(self.store,
-                                                     f"{self.prefix}/{names[i]}").bytes())
-
-        self._each(one, len(names))
-
-    def clear(self, names: list[str]) -> None:
-        self.obstore.delete(self.store, [f"{self.prefix}/{n}" for n in names])
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-
-
-class PeerRaw(Raw):
-    label = "socket"
-
-    def __init__(self) -> None:
-        from kvtier.bench.servers import RawPeer
-
-        self.peer = RawPeer()
-
-    def put(self, names: list[str], blocks: list[memoryview]) -> None:
-        self.peer.put(blocks)
-
-    def get(self, names: list[str], outs: list[memoryview]) -> None:
-        self.peer.get(outs)
-
-    def close(self) -> None:
-        self.peer.close()
 
 
 @dataclass
@@ -498,13 +315,15 @@ def _kvtier_round(chain: Chain, plan: Plan, r: _Round) -> tuple[dict[str, float]
     start = time.perf_counter()
     stored = chain.put(r.keys, r.blocks)
     times["put"] = time.perf_counter() - start
+    files = sorted(plan.files.rglob("*.kvb")) if plan.files is not None else []
+    warm_page_cache(files)
     r.clear_outs()
     start = time.perf_counter()
     found = chain.get(r.keys, r.outs)
     times["get"] = time.perf_counter() - start
     bad = (n - sum(stored)) + (n - sum(found)) + r.check()
     if plan.files is not None:
-        drop_page_cache(sorted(plan.files.rglob("*.kvb")))
+        drop_page_cache(files)
         r.clear_outs()
         start = time.perf_counter()
         found = chain.get(r.keys, r.outs)
@@ -522,6 +341,8 @@ def _raw_round(raw: Raw, r: _Round) -> tuple[dict[str, float], int]:
     start = time.perf_counter()
     raw.put(names, views)
     times["put"] = time.perf_counter() - start
+    if isinstance(raw, FileRaw):
+        raw.warm_cache(names)
     start = time.perf_counter()
     raw.get(names, out_views)
     times["get"] = time.perf_counter() - start
