@@ -44,23 +44,24 @@ reply's payload limit: ask for it again.  The server answers the requests of
 one connection one after another, so replies arrive **in request order**;
 clients still match them by ``id``.  Several requests may be in flight on a
 connection (pipelining): the client writes them back to back.
+
+The socket I/O under it all, every call bounded by a deadline, is
+:mod:`kvtier.peer._sockio`; its functions are used through the names here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
-import select
 import socket
 import struct
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from kvtier.peer._sockio import recv_exact, send_buffers, skip, tune, wait_io
 from kvtier.spec import (
     MAX_KEY_SIZE,
     BytesLike,
@@ -87,6 +88,9 @@ __all__ = [
     "recv_exact",
     "send_buffers",
     "server_handshake",
+    "skip",
+    "tune",
+    "wait_io",
 ]
 
 PROTOCOL_VERSION = 1
@@ -113,12 +117,6 @@ NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", AUTH: "AUTH", AUTH_OK: "AUTH_OK",
          STATS: "STATS", REPLY: "REPLY"}
 #: Size of a GET reply entry for a block that did not fit: ask again.
 RETRY = -1
-
-# writev-style calls take at most IOV_MAX buffers (1024 on Linux)
-try:
-    _IOV_MAX = min(int(os.sysconf("SC_IOV_MAX")), 1024)
-except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
-    _IOV_MAX = 16
 
 
 # -------------------------------------------------------------------------
@@ -241,20 +239,7 @@ def parse_message(h: dict[str, Any], payload_len: int) -> Message:
     """
     kind = _int(h, "t", 0, 255)
     if kind in (HELLO, WELCOME):
-        # the version is checked first: the rest of a future HELLO may differ
-        version = _int(h, "v", 0, 1 << 31)
-        if version != PROTOCOL_VERSION:
-            raise VersionMismatchError(f"peer speaks protocol {version}, this side "
-                                  f"{PROTOCOL_VERSION}", version)
-        _no_payload(kind, payload_len)
-        if kind == WELCOME:
-            return Welcome(version, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
-                           _int(h, "mp", 1024, MAX_U32))
-        namespace = _str(h, "ns")
-        if len(namespace) != 32 or namespace.strip("0123456789abcdef"):
-            raise ProtocolError("field 'ns' must be 32 lowercase hex digits")
-        return Hello(version, namespace, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
-                     _int(h, "mp", 1024, MAX_U32))
+        return _greeting(kind, h, payload_len)
     if kind in (AUTH, AUTH_OK):
         _no_payload(kind, payload_len)
         return Auth(kind, _bin(h, "mac", MAC_LEN))
@@ -263,39 +248,64 @@ def parse_message(h: dict[str, Any], payload_len: int) -> Message:
         theirs = _int(h, "v", 0, 1 << 31) if "v" in h else None
         return Error(_int(h, "id"), _str(h, "c"), _str(h, "m"), theirs)
     if kind in REQUESTS:
-        rid = _int(h, "id")
-        if kind == STATS:
-            _no_payload(kind, payload_len)
-            return Request(kind, rid, [], [])
-        keys = _keys(h)
-        if kind != PUT:
-            _no_payload(kind, payload_len)
-            return Request(kind, rid, keys, [])
-        sizes = _list(h, "s")
-        if len(sizes) != len(keys) or any(type(s) is not int or s < 0 for s in sizes):
-            raise ProtocolError("PUT sizes must be one non-negative integer per key")
-        if sum(sizes) != payload_len:
-            raise ProtocolError(f"PUT sizes add up to {sum(sizes)}, payload is {payload_len}")
-        return Request(kind, rid, keys, sizes)
+        return _request(kind, h, payload_len)
     if kind == REPLY:
-        rid = _int(h, "id")
-        if "s" in h:
-            sizes = _list(h, "s")
-            if len(sizes) > MAX_KEYS or any(
-                s is not None and (type(s) is not int or s < RETRY) for s in sizes
-            ):
-                raise ProtocolError("GET reply sizes must be integers >= -1 or nil")
-            if sum(s for s in sizes if s is not None and s > 0) != payload_len:
-                raise ProtocolError("GET reply sizes do not add up to its payload")
-            return Reply(rid, sizes, None)
-        if "r" in h:
-            _no_payload(kind, payload_len)
-            flags = _list(h, "r")
-            if len(flags) > MAX_KEYS or any(type(f) is not bool for f in flags):
-                raise ProtocolError("reply flags must be booleans")
-            return Reply(rid, None, flags)
-        return Reply(rid, None, None)  # STATS: the payload is a msgpack map
+        return _reply(h, payload_len)
     raise ProtocolError(f"unknown message type {kind}")
+
+
+def _greeting(kind: int, h: dict[str, Any], payload_len: int) -> Hello | Welcome:
+    # the version is checked first: the rest of a future HELLO may differ
+    version = _int(h, "v", 0, 1 << 31)
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatchError(f"peer speaks protocol {version}, this side "
+                                   f"{PROTOCOL_VERSION}", version)
+    _no_payload(kind, payload_len)
+    if kind == WELCOME:
+        return Welcome(version, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
+                       _int(h, "mp", 1024, MAX_U32))
+    namespace = _str(h, "ns")
+    if len(namespace) != 32 or namespace.strip("0123456789abcdef"):
+        raise ProtocolError("field 'ns' must be 32 lowercase hex digits")
+    return Hello(version, namespace, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
+                 _int(h, "mp", 1024, MAX_U32))
+
+
+def _request(kind: int, h: dict[str, Any], payload_len: int) -> Request:
+    rid = _int(h, "id")
+    if kind == STATS:
+        _no_payload(kind, payload_len)
+        return Request(kind, rid, [], [])
+    keys = _keys(h)
+    if kind != PUT:
+        _no_payload(kind, payload_len)
+        return Request(kind, rid, keys, [])
+    sizes = _list(h, "s")
+    if len(sizes) != len(keys) or any(type(s) is not int or s < 0 for s in sizes):
+        raise ProtocolError("PUT sizes must be one non-negative integer per key")
+    if sum(sizes) != payload_len:
+        raise ProtocolError(f"PUT sizes add up to {sum(sizes)}, payload is {payload_len}")
+    return Request(kind, rid, keys, sizes)
+
+
+def _reply(h: dict[str, Any], payload_len: int) -> Reply:
+    rid = _int(h, "id")
+    if "s" in h:
+        sizes = _list(h, "s")
+        if len(sizes) > MAX_KEYS or any(
+            s is not None and (type(s) is not int or s < RETRY) for s in sizes
+        ):
+            raise ProtocolError("GET reply sizes must be integers >= -1 or nil")
+        if sum(s for s in sizes if s is not None and s > 0) != payload_len:
+            raise ProtocolError("GET reply sizes do not add up to its payload")
+        return Reply(rid, sizes, None)
+    if "r" in h:
+        _no_payload(REPLY, payload_len)
+        flags = _list(h, "r")
+        if len(flags) > MAX_KEYS or any(type(f) is not bool for f in flags):
+            raise ProtocolError("reply flags must be booleans")
+        return Reply(rid, None, flags)
+    return Reply(rid, None, None)  # STATS: the payload is a msgpack map
 
 
 # -------------------------------------------------------------------------
@@ -410,86 +420,6 @@ class FrameReader:
         header_len, payload_len = parse_prefix(self._prefix, max_payload)
         recv_exact(sock, self._view[:header_len], deadline)
         return unpack_header(self._view[:header_len]), payload_len
-
-
-# -------------------------------------------------------------------------
-# socket I/O on non-blocking sockets, every call bounded by a deadline
-# -------------------------------------------------------------------------
-
-
-def wait_io(sock: socket.socket, write: bool, deadline: float) -> None:
-    """Wait until ``sock`` is readable (or writable); TimeoutError at ``deadline``."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise TimeoutError("peer I/O timed out")
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(sock, select.POLLOUT if write else select.POLLIN)
-        # POLLHUP/POLLERR also end the wait: the next call reports the error
-        ready = bool(poller.poll(max(1, int(remaining * 1000 + 0.999))))
-    else:  # pragma: no cover - Windows
-        r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], remaining)
-        ready = bool(r or w)
-    if not ready:
-        raise TimeoutError("peer I/O timed out")
-
-
-def recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
-    """Fill ``view`` from ``sock`` with ``recv_into`` (no intermediate copies)."""
-    total = view.nbytes
-    got = 0
-    while got < total:
-        try:
-            n = sock.recv_into(view[got:] if got else view, total - got)
-        except (BlockingIOError, InterruptedError):
-            wait_io(sock, False, deadline)
-            continue
-        if not n:
-            raise ConnectionClosedError(f"connection closed by peer after {got} of {total} bytes",
-                                   got)
-        got += n
-
-
-def skip(sock: socket.socket, count: int, deadline: float) -> None:
-    """Read and drop ``count`` bytes, through a bounded scratch buffer."""
-    scratch = memoryview(bytearray(min(count, 1 << 20)))
-    while count > 0:
-        step = min(count, scratch.nbytes)
-        recv_exact(sock, scratch[:step], deadline)
-        count -= step
-
-
-def send_buffers(sock: socket.socket, buffers: list[BytesLike], deadline: float) -> int:
-    """Send ``buffers`` in order with ``sendmsg`` (gather write, no joining); bytes sent."""
-    views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
-    total = sum(v.nbytes for v in views)
-    i = 0
-    while i < len(views):
-        try:
-            sent = sock.sendmsg(views[i : i + _IOV_MAX])
-        except (BlockingIOError, InterruptedError):
-            wait_io(sock, True, deadline)
-            continue
-        while sent:
-            size = views[i].nbytes
-            if sent >= size:
-                sent -= size
-                i += 1
-            else:
-                views[i] = views[i][sent:]
-                sent = 0
-        if time.monotonic() > deadline and i < len(views):
-            raise TimeoutError("peer I/O timed out")
-    return total
-
-
-def tune(sock: socket.socket, buffer_size: int = 4 << 20) -> None:
-    """Low latency, large kernel buffers, non-blocking (every wait has a deadline)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        with contextlib.suppress(OSError):  # capped or refused: the kernel default will do
-            sock.setsockopt(socket.SOL_SOCKET, option, buffer_size)
-    sock.setblocking(False)
 
 
 # -------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""Socket I/O for the peer protocol: non-blocking sockets, every call bounded by a deadline.
+
+Reads go straight into the caller's buffers (``recv_into``) and writes gather
+the caller's buffers (``sendmsg``), so a block is never joined or copied on its
+way through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import time
+
+from kvtier.spec import BytesLike, ConnectionClosedError
+
+__all__ = ["recv_exact", "send_buffers", "skip", "tune", "wait_io"]
+
+# writev-style calls take at most IOV_MAX buffers (1024 on Linux)
+try:
+    _IOV_MAX = min(int(os.sysconf("SC_IOV_MAX")), 1024)
+except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 16
+
+
+def wait_io(sock: socket.socket, write: bool, deadline: float) -> None:
+    """Wait until ``sock`` is readable (or writable); TimeoutError at ``deadline``."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("peer I/O timed out")
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT if write else select.POLLIN)
+        # POLLHUP/POLLERR also end the wait: the next call reports the error
+        ready = bool(poller.poll(max(1, int(remaining * 1000 + 0.999))))
+    else:  # pragma: no cover - Windows
+        r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], remaining)
+        ready = bool(r or w)
+    if not ready:
+        raise TimeoutError("peer I/O timed out")
+
+
+def recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
+    """Fill ``view`` from ``sock`` with ``recv_into`` (no intermediate copies)."""
+    total = view.nbytes
+    got = 0
+    while got < total:
+        try:
+            n = sock.recv_into(view[got:] if got else view, total - got)
+        except (BlockingIOError, InterruptedError):
+            wait_io(sock, False, deadline)
+            continue
+        if not n:
+            raise ConnectionClosedError(f"connection closed by peer after {got} of {total} bytes",
+                                   got)
+        got += n
+
+
+def skip(sock: socket.socket, count: int, deadline: float) -> None:
+    """Read and drop ``count`` bytes, through a bounded scratch buffer."""
+    scratch = memoryview(bytearray(min(count, 1 << 20)))
+    while count > 0:
+        step = min(count, scratch.nbytes)
+        recv_exact(sock, scratch[:step], deadline)
+        count -= step
+
+
+def send_buffers(sock: socket.socket, buffers: list[BytesLike], deadline: float) -> int:
+    """Send ``buffers`` in order with ``sendmsg`` (gather write, no joining); bytes sent."""
+    views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
+    total = sum(v.nbytes for v in views)
+    i = 0
+    while i < len(views):
+        try:
+            sent = sock.sendmsg(views[i : i + _IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            wait_io(sock, True, deadline)
+            continue
+        while sent:
+            size = views[i].nbytes
+            if sent >= size:
+                sent -= size
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+        if time.monotonic() > deadline and i < len(views):
+            raise TimeoutError("peer I/O timed out")
+    return total
+
+
+def tune(sock: socket.socket, buffer_size: int = 4 << 20) -> None:
+    """Low latency, large kernel buffers, non-blocking (every wait has a deadline)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):  # capped or refused: the kernel default will do
+            sock.setsockopt(socket.SOL_SOCKET, option, buffer_size)
+    sock.setblocking(False)
