@@ -39,18 +39,11 @@ repair or purge it there.  Operators run ``kvtier inspect``, ``scrub`` and
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import hashlib
-import itertools
 import logging
-import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,16 +61,12 @@ from kvtier.spec import (
 )
 
 from ._batch import parts_nbytes
+from ._peerring import Ring
+from ._peerwire import Conn, Payload, Peer, PeerDown, chunks, connect
 
 __all__ = ["PeerBackend"]
 
 log = logging.getLogger("kvtier.backends.peer")
-
-VNODES = 64
-BACKOFF_FIRST = 0.2
-BACKOFF_MAX = 10.0
-#: Header bytes a request may fill with keys and sizes (the rest is slack).
-_HEADER_BUDGET = pp.MAX_HEADER - 1024
 
 
 def _check_peers(value: Any) -> None:
@@ -115,205 +104,36 @@ OPTIONS: Mapping[str, Option] = {
 }
 
 
-class _PeerDown(ConnectionError):
-    """The peer cannot be reached now (or is in its back-off)."""
-
-
-class _Payload:
-    """The payload of one reply, read straight into wherever the caller says."""
-
-    def __init__(self, sock: socket.socket, size: int, deadline: float) -> None:
-        self.sock, self.remaining, self.deadline = sock, size, deadline
-
-    def into(self, view: memoryview) -> None:
-        if view.nbytes > self.remaining:
-            raise ProtocolError("reply payload shorter than its sizes")
-        pp.recv_exact(self.sock, view, self.deadline)
-        self.remaining -= view.nbytes
-
-    def read(self, size: int) -> bytearray:
-        buffer = bytearray(size)
-        self.into(memoryview(buffer))
-        return buffer
-
-
-class _Conn:
-    """One connection to a peer, shared by threads; replies come in request order."""
-
-    def __init__(self, sock: socket.socket, label: str, max_payload: int) -> None:
-        # the smaller of both sides' payload limits, agreed in the handshake
-        self.sock, self.label, self.max_payload = sock, label, max_payload
-        self.send_lock = threading.Lock()
-        self.cond = threading.Condition()
-        self.queue: deque[int] = deque()  # ids of requests on the wire, oldest first
-        self.next_id = 1
-        self.born = time.monotonic()
-        self.broken: str | None = None
-        self.reader = pp.FrameReader()  # used only by the thread whose turn it is
-
-    def send(self, header: dict[str, Any], parts: Sequence[BytesLike], payload_len: int,
-             deadline: float) -> tuple[int, bool, int]:
-        """Write one request; returns its id, whether it was pipelined, bytes sent."""
-        if not self.send_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise TimeoutError(f"peer {self.label}: timed out waiting to send")
-        try:
-            with self.cond:
-                if self.broken is not None:
-                    raise ConnectionError(f"peer {self.label}: {self.broken}")
-                rid, self.next_id = self.next_id, self.next_id + 1
-                pipelined = bool(self.queue)
-                self.queue.append(rid)  # under send_lock: queue order is wire order
-            header["id"] = rid
-            try:
-                sent = pp.send_buffers(self.sock, [pp.frame(header, payload_len), *parts],
-                                       deadline)
-            except BaseException as exc:
-                self.fail(f"send failed: {exc!r}")  # a partial frame desynchronises the stream
-                raise
-        finally:
-            self.send_lock.release()
-        return rid, pipelined, sent
-
-    @contextmanager
-    def reply(self, rid: int, deadline: float) -> Iterator[tuple[pp.Reply | pp.Error, _Payload]]:
-        """Wait until reply ``rid`` is next on the wire, then read it in this thread."""
-        with self.cond:
-            while self.broken is None and self.queue[0] != rid:
-                if not self.cond.wait(deadline - time.monotonic()):
-                    # our reply will still arrive, behind one nobody reads in time:
-                    # the stream cannot be resynchronised, so give the connection up
-                    self._fail_locked("timed out behind an earlier reply")
-                    raise TimeoutError(f"peer {self.label}: request timed out")
-            if self.broken is not None:
-                raise ConnectionError(f"peer {self.label}: {self.broken}")
-        try:
-            head, payload_len = self.reader.read_head(self.sock, deadline, self.max_payload)
-            message = pp.parse_message(head, payload_len)
-            if isinstance(message, pp.Error) and message.rid == 0:
-                raise ConnectionError(f"peer {self.label} closed the connection: "
-                                      f"{message.code}: {message.message}")
-            if not isinstance(message, pp.Reply | pp.Error) or message.rid != rid:
-                raise ProtocolError(f"expected the reply to request {rid}")
-            payload = _Payload(self.sock, payload_len, deadline)
-            yield message, payload
-            if payload.remaining:
-                pp.skip(self.sock, payload.remaining, deadline)
-        except BaseException as exc:
-            self.fail(f"{type(exc).__name__}: {exc}")
-            raise
-        finally:
-            with self.cond:
-                if self.queue and self.queue[0] == rid:
-                    self.queue.popleft()
-                self.cond.notify_all()
-
-    def _fail_locked(self, reason: str) -> None:
-        if self.broken is None:
-            self.broken = reason
-            with contextlib.suppress(OSError):  # wakes a blocked reader; close() comes later
-                self.sock.shutdown(socket.SHUT_RDWR)
-        self.cond.notify_all()
-
-    def fail(self, reason: str) -> None:
-        with self.cond:
-            self._fail_locked(reason)
-
-    def close(self) -> None:
-        self.fail("closed")
-        self.sock.close()
-
-
-@dataclass(eq=False)
-class _Peer:
-    index: int
-    host: str
-    port: int
-    slots: list[_Conn | None]
-    label: str = ""
-    slot_locks: list[threading.Lock] = field(default_factory=list)
-    rr: Iterator[int] = field(default_factory=itertools.count)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    backoff: float = 0.0
-    down_until: float = 0.0
-    last_error: str = ""
-    up: bool = False
-    #: slots that have had a connection: connecting one of them again is a reconnect
-    used: set[int] = field(default_factory=set)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("requests", "failures", "reconnects"), 0))
-
-    def __post_init__(self) -> None:
-        self.label = pp.format_address(self.host, self.port)
-        self.slot_locks = [threading.Lock() for _ in self.slots]
-
-    def fault(self, error: str) -> None:
-        with self.lock:
-            self.backoff = min(BACKOFF_MAX, self.backoff * 2 or BACKOFF_FIRST)
-            self.down_until = time.monotonic() + self.backoff
-            if self.up or error != self.last_error:
-                log.warning("peer %s failed: %s; retrying in %.1fs", self.label, error,
-                            self.backoff)
-            self.last_error, self.up = error, False
-            self.counts["failures"] += 1
-        self.drop(error)  # the others are as likely dead or stuck: reconnect after the back-off
-
-    def drop(self, reason: str) -> None:
-        for conn in list(self.slots):
-            if conn is not None:
-                conn.fail(reason)
-
-    def connection(self, connect: Callable[[_Peer, float], _Conn], deadline: float) -> _Conn:
-        index = next(self.rr) % len(self.slots)
-        conn = self.slots[index]
-        if conn is not None and conn.broken is None:
-            return conn
-        if not self.slot_locks[index].acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise TimeoutError(f"peer {self.label}: timed out waiting for a connection")
-        try:
-            conn = self.slots[index]
-            if conn is not None and conn.broken is None:
-                return conn  # another thread reconnected meanwhile
-            if conn is not None:
-                conn.close()
-                self.slots[index] = None
-            if time.monotonic() < self.down_until:
-                raise _PeerDown(f"peer {self.label} is down ({self.last_error})")
-            try:
-                conn = connect(self, deadline)
-            except (RefusedError, OSError, ProtocolError) as exc:
-                self.fault(str(exc) or type(exc).__name__)
-                if isinstance(exc, RefusedError):
-                    raise
-                raise _PeerDown(f"peer {self.label}: {exc}") from exc
-            with self.lock:
-                self.counts["reconnects"] += index in self.used
-                self.used.add(index)
-                self.up, self.backoff, self.last_error = True, 0.0, ""
-            self.slots[index] = conn
-            return conn
-        finally:
-            self.slot_locks[index].release()
-
-
 @dataclass
 class _Call:
     """One request to one peer, for the keys at ``indices`` of the caller's batch."""
 
-    peer: _Peer
+    peer: Peer
     indices: list[int]
     header: dict[str, Any]
     parts: list[BytesLike] = field(default_factory=list)
     payload_len: int = 0
-    conn: _Conn | None = None
+    conn: Conn | None = None
     rid: int = 0
 
 
 #: Consumes one reply; returns the indices to ask the same peer for again.
-Handler = Callable[[_Call, pp.Reply, _Payload], list[int]]
+Handler = Callable[[_Call, pp.Reply, Payload], list[int]]
 
 
-def _ring_hash(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+@dataclass
+class _Round:
+    """One round of requests to the peers a batch needs, and what came of it."""
+
+    started: float
+    deadline: float
+    retry: bool  # a pooled connection found dead may be replaced once
+    calls: list[_Call] = field(default_factory=list)  # in the order sent
+    failed: dict[int, str] = field(default_factory=dict)  # peer index -> why
+    stale: set[int] = field(default_factory=set)  # peers whose pooled connection was dead
+    done: set[int] = field(default_factory=set)  # indices whose reply was handled
+    # did not fit in a reply: ask the same peer again
+    again: dict[int, list[int]] = field(default_factory=dict)
 
 
 class PeerBackend:
@@ -327,10 +147,9 @@ class PeerBackend:
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
         self._state = "new"
-        self._peers: list[_Peer] = []
+        self._peers: list[Peer] = []
         self._placement = "hash"
-        self._ring: list[int] = []
-        self._owners: list[int] = []
+        self._ring = Ring([])
         self._namespace = ""
         self._secret: bytes | None = None
         self._connect_timeout = 2.0
@@ -352,27 +171,24 @@ class PeerBackend:
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
         if self._state != "new":
             raise BackendError("peer backend opened twice")
+        # checked against OPTIONS already (BackendHandle.open): parsed, in range
         addresses = [pp.parse_address(str(p)) for p in options["peers"]]
-        connections = int(options["connections"])
-        self._peers = [_Peer(i, host, port, [None] * connections)
+        self._peers = [Peer(i, host, port, [None] * options["connections"])
                        for i, (host, port) in enumerate(addresses)]
         self._placement = options["placement"]
         self._namespace = namespace
-        secret = (options.get("secret") or "").strip()
+        secret = (options["secret"] or "").strip()
         self._secret = secret.encode() if secret else None
-        self._connect_timeout = float(options["connect_timeout"])
-        self._request_timeout = float(options["request_timeout"])
-        self._max_payload = int(options["max_payload"])
-        points = sorted((_ring_hash(f"{p.label}#{v}".encode()), p.index)
-                        for p in self._peers for v in range(VNODES))
-        self._ring = [h for h, _ in points]
-        self._owners = [i for _, i in points]
+        self._connect_timeout = options["connect_timeout"]
+        self._request_timeout = options["request_timeout"]
+        self._max_payload = options["max_payload"]
+        self._ring = Ring([p.label for p in self._peers])
         self._state = "open"
         # Connect eagerly so a version mismatch or a wrong secret fails the open with
         # a clear error; a peer that is merely down is marked so and retried later.
         refused: list[str] = []
 
-        def probe(peer: _Peer) -> None:
+        def probe(peer: Peer) -> None:
             try:
                 peer.connection(self._connect, time.monotonic() + self._connect_timeout)
             except RefusedError as exc:
@@ -443,7 +259,7 @@ class PeerBackend:
         # a block larger than a frame can never travel: refused, like a full store
         fits = [i for i, size in enumerate(sizes) if size <= self._max_payload]
 
-        def build(peer: _Peer, chunk: list[int]) -> _Call:
+        def build(peer: Peer, chunk: list[int]) -> _Call:
             return _Call(peer, chunk, {"t": pp.PUT, "k": [keys[i] for i in chunk],
                                        "s": [sizes[i] for i in chunk]},
                          [p for i in chunk for p in parts[i]], sum(sizes[i] for i in chunk))
@@ -458,7 +274,7 @@ class PeerBackend:
         self._stash.blobs = {}
         found: list[BytesLike | None] = [stash.get(key) for key in keys]
 
-        def place(i: int, size: int, payload: _Payload) -> int:
+        def place(i: int, size: int, payload: Payload) -> int:
             found[i] = payload.read(size)  # recv_into a buffer of its own: no joining
             return size
 
@@ -474,7 +290,7 @@ class PeerBackend:
         stash: dict[bytes, BytesLike] = {}
         self._stash.blobs = stash
 
-        def place(i: int, size: int, payload: _Payload) -> int:
+        def place(i: int, size: int, payload: Payload) -> int:
             if size == expected[i]:
                 for view in buffers[i]:  # the zero-copy path: socket -> caller's memory
                     payload.into(view if view.format == "B" else view.cast("B"))
@@ -485,14 +301,14 @@ class PeerBackend:
         return self._fetch(keys, list(range(len(keys))), expected, place)
 
     def _fetch(self, keys: Sequence[bytes], wanted: list[int], expected: list[int] | None,
-               place: Callable[[int, int, _Payload], int]) -> list[int | None]:
+               place: Callable[[int, int, Payload], int]) -> list[int | None]:
         """GET the keys at ``wanted``; ``place`` consumes each found blob; sizes per key."""
         sizes: list[int | None] = [None] * len(keys)
 
-        def build(peer: _Peer, chunk: list[int]) -> _Call:
+        def build(peer: Peer, chunk: list[int]) -> _Call:
             return _Call(peer, chunk, {"t": pp.GET, "k": [keys[i] for i in chunk]})
 
-        def done(call: _Call, reply: pp.Reply, payload: _Payload) -> list[int]:
+        def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
             if reply.sizes is None or len(reply.sizes) != len(call.indices):
                 raise ProtocolError("GET reply does not match its keys")
             again = []
@@ -519,7 +335,7 @@ class PeerBackend:
         self._check_open()
         result = [False] * len(keys)
 
-        def build(peer: _Peer, chunk: list[int]) -> _Call:
+        def build(peer: Peer, chunk: list[int]) -> _Call:
             return _Call(peer, chunk, {"t": kind, "k": [keys[i] for i in chunk]})
 
         # with placement "all", a lookup stops at the first peer holding a key,
@@ -532,7 +348,7 @@ class PeerBackend:
     # machinery --------------------------------------------------------------------
     @staticmethod
     def _flags_into(result: list[bool]) -> Handler:
-        def done(call: _Call, reply: pp.Reply, payload: _Payload) -> list[int]:
+        def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
             if reply.flags is None or len(reply.flags) != len(call.indices):
                 raise ProtocolError("reply flags do not match the request's keys")
             for i, flag in zip(call.indices, reply.flags):
@@ -542,7 +358,7 @@ class PeerBackend:
         return done
 
     def _dispatch(self, what: str, keys: Sequence[bytes], indices: list[int],
-                  build: Callable[[_Peer, list[int]], _Call], handle: Handler,
+                  build: Callable[[Peer, list[int]], _Call], handle: Handler,
                   sizes: list[int] | None,
                   resolved: Callable[[int], bool] | None = None) -> None:
         """Route a batch by placement; BackendError only if every peer it needed failed.
@@ -552,7 +368,7 @@ class PeerBackend:
         still unresolved.
         """
         if self._placement == "hash":
-            groups = self._by_owner(keys, indices)
+            groups = self._ring.by_owner(keys, indices)
             self._check_failures(what, groups, self._run(what, groups, keys, build, handle,
                                                          sizes))
             return
@@ -571,113 +387,86 @@ class PeerBackend:
             failed.update(self._run(what, {peer.index: indices}, keys, build, handle, sizes))
         self._check_failures(what, asked, failed)
 
-    def _by_owner(self, keys: Sequence[bytes], indices: list[int]) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        ring, owners = self._ring, self._owners
-        for i in indices:
-            point = bisect.bisect(ring, _ring_hash(keys[i])) % len(ring)
-            groups.setdefault(owners[point], []).append(i)
-        return groups
-
-    @staticmethod
-    def _chunks(keys: Sequence[bytes], indices: list[int], sizes: list[int] | None,
-                limit: int, hard: bool) -> Iterator[list[int]]:
-        """Split a peer's share so each request fits the key, header and payload limits.
-
-        ``hard``: ``sizes`` are what the requests carry (PUT), so a block beyond
-        ``limit`` is left out (refused); otherwise they only shape the replies.
-        """
-        chunk: list[int] = []
-        header = payload = 0
-        for i in indices:
-            cost = len(keys[i]) + 12  # bin header + a size entry, generously
-            size = sizes[i] if sizes is not None else 0
-            if hard and size > limit:
-                continue
-            if chunk and (len(chunk) >= pp.MAX_KEYS or header + cost > _HEADER_BUDGET
-                          or payload + size > limit):
-                yield chunk
-                chunk, header, payload = [], 0, 0
-            chunk.append(i)
-            header += cost
-            payload += size
-        if chunk:
-            yield chunk
-
     def _run(self, what: str, groups: Mapping[int, list[int]], keys: Sequence[bytes],
-             build: Callable[[_Peer, list[int]], _Call], handle: Handler,
+             build: Callable[[Peer, list[int]], _Call], handle: Handler,
              sizes: list[int] | None, retry: bool = True) -> dict[int, str]:
         """Send every peer its requests, then read the replies; returns the failed peers.
 
         Keys of a failed peer stay misses; see :meth:`_check_failures`.
         """
         started = time.monotonic()
-        deadline = started + self._request_timeout
-        calls: list[_Call] = []
-        failed: dict[int, str] = {}
-        stale: set[int] = set()
-        done: set[int] = set()  # indices whose reply was handled
-        again: dict[int, list[int]] = {}  # did not fit in a reply: ask the same peer again
+        run = _Round(started, started + self._request_timeout, retry)
+        self._send(run, what, groups, keys, build, sizes)
+        self._receive(run, what, handle)
+        redo = {p: [i for i in groups[p] if i not in run.done] for p in run.stale}
+        # a reply must make progress, or a server could make us ask forever
+        for p, indices in run.again.items():
+            if indices and len(indices) < len(groups[p]) and p not in run.failed:
+                redo.setdefault(p, []).extend(indices)
+        if redo:
+            run.failed.update(self._run(what, redo, keys, build, handle, sizes,
+                                        retry and not run.stale))
+        return run.failed
 
-        def trouble(peer: _Peer, conn: _Conn | None, exc: BaseException) -> None:
-            # A restarted server leaves dead connections in the pool, found out only
-            # by using them: a pooled connection that fails before any reply byte
-            # gets one retry on a fresh one instead of costing a batch of misses.
-            if retry and conn is not None and conn.born < started and (
-                isinstance(exc, BrokenPipeError | ConnectionResetError)
-                or (isinstance(exc, ConnectionClosedError) and not exc.received)
-            ):
-                stale.add(peer.index)
-                peer.drop("found dead")
-            elif peer.index not in stale:
-                self._peer_failed(peer, exc, failed)
-
+    def _send(self, run: _Round, what: str, groups: Mapping[int, list[int]],
+              keys: Sequence[bytes], build: Callable[[Peer, list[int]], _Call],
+              sizes: list[int] | None) -> None:
+        """Write each peer its share as requests that fit; they land in ``run.calls``."""
         # Sends and reads go in ascending peer order in every thread; with replies
         # in request order per connection that order rules out two threads each
         # waiting for the other to read a reply first.
         for peer_index in sorted(groups):
             peer = self._peers[peer_index]
-            conn: _Conn | None = None
+            conn: Conn | None = None
             try:
-                conn = peer.connection(self._connect, deadline)
-                for chunk in self._chunks(keys, groups[peer_index], sizes, conn.max_payload,
-                                          hard=what == "put"):
+                conn = peer.connection(self._connect, run.deadline)
+                for chunk in chunks(keys, groups[peer_index], sizes, conn.max_payload,
+                                    hard=what == "put"):
                     call = build(peer, chunk)
                     call.rid, pipelined, sent = conn.send(call.header, call.parts,
-                                                          call.payload_len, deadline)
+                                                          call.payload_len, run.deadline)
                     call.parts, call.conn = [], conn
-                    calls.append(call)
+                    run.calls.append(call)
                     self._count(requests=1, bytes_sent=sent, pipelined=int(pipelined))
                     with peer.lock:
                         peer.counts["requests"] += 1
             except (OSError, ProtocolError, RefusedError) as exc:
-                trouble(peer, conn, exc)
-        for call in calls:
+                self._trouble(run, peer, conn, exc)
+
+    def _receive(self, run: _Round, what: str, handle: Handler) -> None:
+        """Read the replies to ``run.calls`` in the order sent, each through ``handle``."""
+        for call in run.calls:
             peer, conn = call.peer, call.conn
             assert conn is not None
-            if peer.index in failed or peer.index in stale:
+            if peer.index in run.failed or peer.index in run.stale:
                 conn.fail("abandoned after an earlier failure")
                 continue
             try:
-                with conn.reply(call.rid, deadline) as (message, payload):
+                with conn.reply(call.rid, run.deadline) as (message, payload):
                     if isinstance(message, pp.Error):  # this request failed on the server
                         log.warning("peer %s: %s failed: %s", peer.label, what, message.message)
                         self._count(errors=1)
                     else:
                         received = payload.remaining
-                        again.setdefault(peer.index, []).extend(handle(call, message, payload))
+                        run.again.setdefault(peer.index, []).extend(
+                            handle(call, message, payload))
                         self._count(bytes_received=received)
-                done.update(call.indices)
+                run.done.update(call.indices)
             except (OSError, ProtocolError) as exc:
-                trouble(peer, conn, exc)
-        redo = {p: [i for i in groups[p] if i not in done] for p in stale}
-        # a reply must make progress, or a server could make us ask forever
-        for p, indices in again.items():
-            if indices and len(indices) < len(groups[p]) and p not in failed:
-                redo.setdefault(p, []).extend(indices)
-        if redo:
-            failed.update(self._run(what, redo, keys, build, handle, sizes, retry and not stale))
-        return failed
+                self._trouble(run, peer, conn, exc)
+
+    def _trouble(self, run: _Round, peer: Peer, conn: Conn | None, exc: BaseException) -> None:
+        # A restarted server leaves dead connections in the pool, found out only
+        # by using them: a pooled connection that fails before any reply byte
+        # gets one retry on a fresh one instead of costing a batch of misses.
+        if run.retry and conn is not None and conn.born < run.started and (
+            isinstance(exc, BrokenPipeError | ConnectionResetError)
+            or (isinstance(exc, ConnectionClosedError) and not exc.received)
+        ):
+            run.stale.add(peer.index)
+            peer.drop("found dead")
+        elif peer.index not in run.stale:
+            self._peer_failed(peer, exc, run.failed)
 
     @staticmethod
     def _check_failures(what: str, involved: Iterable[int], failed: Mapping[int, str]) -> None:
@@ -693,11 +482,11 @@ class PeerBackend:
             raise BackendError(f"peer {what}: no peer reachable: "
                                + "; ".join(failed[i] for i in sorted(needed)))
 
-    def _peer_failed(self, peer: _Peer, exc: BaseException, failed: dict[int, str]) -> None:
+    def _peer_failed(self, peer: Peer, exc: BaseException, failed: dict[int, str]) -> None:
         if isinstance(exc, TimeoutError) or isinstance(exc.__cause__, TimeoutError):
             self._count(timeouts=1)
-        if peer.index not in failed and not isinstance(exc, _PeerDown):
-            peer.fault(f"{type(exc).__name__}: {exc}")  # _PeerDown: already counted
+        if peer.index not in failed and not isinstance(exc, PeerDown):
+            peer.fault(f"{type(exc).__name__}: {exc}")  # PeerDown: already counted
         failed[peer.index] = f"{peer.label}: {exc}"
 
     def _count(self, **counts: int) -> None:
@@ -705,20 +494,9 @@ class PeerBackend:
             for name, n in counts.items():
                 self._counts[name] += n
 
-    # connecting -------------------------------------------------------------------
-    def _connect(self, peer: _Peer, deadline: float) -> _Conn:
-        deadline = min(deadline, time.monotonic() + self._connect_timeout)
-        sock = socket.create_connection((peer.host, peer.port),
-                                        timeout=max(0.001, deadline - time.monotonic()))
-        try:
-            pp.tune(sock)
-            limit = pp.client_handshake(sock, namespace=self._namespace, secret=self._secret,
-                                        max_payload=self._max_payload, label=peer.label,
-                                        deadline=deadline)
-        except BaseException:
-            sock.close()
-            raise
-        return _Conn(sock, peer.label, limit)
+    def _connect(self, peer: Peer, deadline: float) -> Conn:
+        return connect(peer, deadline, namespace=self._namespace, secret=self._secret,
+                       max_payload=self._max_payload, timeout=self._connect_timeout)
 
     # for operators and tests --------------------------------------------------------
     def server_stats(self) -> dict[str, dict[str, Any] | None]:
@@ -726,10 +504,10 @@ class PeerBackend:
         self._check_open()
         out: dict[str, dict[str, Any] | None] = {p.label: None for p in self._peers}
 
-        def build(peer: _Peer, chunk: list[int]) -> _Call:
+        def build(peer: Peer, chunk: list[int]) -> _Call:
             return _Call(peer, chunk, {"t": pp.STATS})
 
-        def done(call: _Call, reply: pp.Reply, payload: _Payload) -> list[int]:
+        def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
             out[call.peer.label] = pp.unpack_stats(payload.read(payload.remaining))
             return []
 

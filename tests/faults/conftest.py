@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from faultkit import Report
 
-import kvtier.backends.peer as peer_module
+import kvtier.backends._peerwire as peer_wire
 import kvtier.chain.tier as tier_module
 
 
@@ -62,4 +62,4 @@ def fast_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short tier back-offs: recovery is waited for, so shorter waits keep the suite quick."""
     monkeypatch.setattr(tier_module, "_BACKOFF_FIRST", 0.05)
     monkeypatch.setattr(tier_module, "_BACKOFF_MAX", 0.5)
-    monkeypatch.setattr(peer_module, "BACKOFF_MAX", 0.5)
+    monkeypatch.setattr(peer_wire, "BACKOFF_MAX", 0.5)

@@ -15,7 +15,7 @@ import pytest
 from peer_server import PeerServer, run_serve
 
 import kvtier
-import kvtier.backends.peer as peer_module
+import kvtier.backends._peerwire as peer_wire
 import kvtier.chain.tier as tier_module
 from kvtier import Namespace, open_chain
 from kvtier.backends.peer import PeerBackend
@@ -80,7 +80,7 @@ def fast_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short back-offs, so tests that wait for a peer to come back wait little."""
     monkeypatch.setattr(tier_module, "_BACKOFF_FIRST", 0.05)
     monkeypatch.setattr(tier_module, "_BACKOFF_MAX", 0.5)
-    monkeypatch.setattr(peer_module, "BACKOFF_MAX", 0.5)
+    monkeypatch.setattr(peer_wire, "BACKOFF_MAX", 0.5)
 
 
 def chain_of(registry: BackendRegistry, *tiers: dict[str, Any],
