@@ -26,7 +26,6 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -36,9 +35,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
 from obstore.store import S3Store
 
-from kvtier.config.units import parse_duration, parse_size
 from kvtier.spec import (
-    BackendError,
     BytesLike,
     Capabilities,
     ClosedError,
@@ -49,6 +46,8 @@ from kvtier.spec import (
 )
 
 from ._batch import Failed, first_positions, nbytes
+from ._objectfaults import Bucket, first_line
+from ._objectkeys import KeyIndex, PresenceCache
 
 if TYPE_CHECKING:
     from obstore.store import S3Config
@@ -64,8 +63,6 @@ R = TypeVar("R")
 #: capacity exclude) triggered by puts, unless ``scan_interval`` says;
 #: module-level so tests can shorten it.
 CLEANUP_INTERVAL = 60.0
-#: Presence-cache entries kept before expired ones are swept.
-_CACHE_MAX = 1 << 16
 
 
 def _check_bucket(value: Any) -> None:
@@ -105,36 +102,6 @@ OPTIONS: Mapping[str, Option] = {
 
 _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
-_STATUS_RE = re.compile(r"status code: (\d{3})")
-_CODE_RE = re.compile(r"<Code>(\w+)</Code>")
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _parse(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Options with defaults filled, checked, sizes and durations parsed.
-
-    The config loader has done this already; a caller of the hook may not have.
-    """
-    opts = {k: o.default for k, o in OPTIONS.items()}
-    opts.update({k: v for k, v in options.items() if v is not None})
-    for name, opt in OPTIONS.items():
-        value = opts.get(name)
-        if value is None:
-            if opt.required:
-                raise ConfigError("is required", key=name)
-            continue
-        try:
-            if opt.check is not None:
-                opt.check(value)
-            if opt.type in ("size", "duration"):
-                opts[name] = (parse_size if opt.type == "size" else parse_duration)(value)
-        except ValueError as exc:
-            raise ConfigError(str(exc), key=name) from None
-    return opts
 
 
 class ObjectBackend:
@@ -146,20 +113,15 @@ class ObjectBackend:
         self._state = "new"  # -> "open" -> "closed"
         self._store: S3Store | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._where = self._bucket = self._endpoint = ""
-        self._secrets: tuple[str, ...] = ()
+        self._bucket = Bucket()  # names it in messages
         self._root = ""
         self._prefix = ""  # the option, without slashes: the namespaces' parent
-        self._ttl = 2.0
         self._capacity: int | None = None
         self._max_age: float | None = None
         self._scan_interval: float | None = None
         self._conditional = True  # falls back to HEAD-then-PUT if the server refuses
-        # key -> (present, expiry on the monotonic clock)
-        self._cache: dict[bytes, tuple[bool, float]] = {}
-        # with capacity/max_age: key -> (size, last-modified epoch), oldest first
-        self._index: OrderedDict[bytes, tuple[int, float]] | None = None
-        self._used = 0
+        self._cache = PresenceCache(2.0)
+        self._index: KeyIndex | None = None  # with capacity or max_age
         self._last_cleanup = 0.0
         self._cleaner: threading.Thread | None = None
         self._stats = dict.fromkeys(
@@ -181,35 +143,57 @@ class ObjectBackend:
             raise ConfigError(
                 f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
             )
-        opts = _parse(options)
-        bucket, endpoint, prefix = opts["bucket"], opts["endpoint"], opts["prefix"].strip("/")
+        # checked against OPTIONS already (BackendHandle.open): parsed, defaults filled
+        bucket, endpoint = options["bucket"], options["endpoint"]
+        prefix = options["prefix"].strip("/")
         self._root = f"{prefix}/{namespace}" if prefix else namespace
         self._prefix = prefix
-        self._bucket, self._endpoint = bucket, endpoint or f"AWS S3 ({opts['region']})"
-        self._where = f"s3://{bucket}/{prefix} at {self._endpoint}"
-        self._secrets = tuple(s for s in (opts["secret_access_key"],) if s)
-        self._ttl, self._capacity = opts["lookup_cache_ttl"], opts["capacity"]
-        self._max_age, self._scan_interval = opts["max_age"], opts["scan_interval"]
-        config: S3Config = {"region": opts["region"]}
+        shown = endpoint or f"AWS S3 ({options['region']})"
+        self._bucket = Bucket(bucket, shown, f"s3://{bucket}/{prefix} at {shown}",
+                              tuple(s for s in (options["secret_access_key"],) if s))
+        self._cache.ttl, self._capacity = options["lookup_cache_ttl"], options["capacity"]
+        self._max_age, self._scan_interval = options["max_age"], options["scan_interval"]
+        store = self._s3_store(options)
+        # One authenticated LIST proves endpoint, bucket and credentials (a HEAD
+        # cannot: S3 answers 404 for a missing bucket and a missing object alike);
+        # it is the index rebuild too when capacity or max_age needs one.
+        try:
+            if self._capacity is None and self._max_age is None:
+                next(iter(obstore.list(store, self._root + "/", chunk_size=1)), None)
+            else:
+                self._rescan(store, initial=True)
+        except Exception as exc:
+            raise self._bucket.fault(exc, "open") from exc
+        with self._lock:
+            self._store = store
+            self._pool = ThreadPoolExecutor(
+                options["concurrency"], thread_name_prefix="kvtier-object"
+            )
+            self._state = "open"
+
+    def _s3_store(self, options: Mapping[str, Any]) -> S3Store:
+        """The obstore client for ``options``; ConfigError if obstore rejects them."""
+        endpoint = options["endpoint"]
+        config: S3Config = {"region": options["region"]}
         if endpoint:
             config["endpoint"] = endpoint
         # explicit keys win; without them obstore reads AWS_* from the environment
-        if opts["access_key_id"]:
-            config["access_key_id"] = opts["access_key_id"]
-        if opts["secret_access_key"]:
-            config["secret_access_key"] = opts["secret_access_key"]
-        allow_http = opts["allow_http"]
-        timeout = timedelta(seconds=opts["request_timeout"])
+        if options["access_key_id"]:
+            config["access_key_id"] = options["access_key_id"]
+        if options["secret_access_key"]:
+            config["secret_access_key"] = options["secret_access_key"]
+        allow_http = options["allow_http"]
+        timeout = timedelta(seconds=options["request_timeout"])
         try:
-            store = S3Store(
-                bucket,
+            return S3Store(
+                options["bucket"],
                 config=config,
                 client_options={
                     "allow_http": bool(endpoint and endpoint.startswith("http://"))
                     if allow_http is None
                     else bool(allow_http),
                     "timeout": timeout,
-                    "connect_timeout": timedelta(seconds=opts["connect_timeout"]),
+                    "connect_timeout": timedelta(seconds=options["connect_timeout"]),
                 },
                 # object_store retries 10 times for up to 3 minutes by default;
                 # a dead server must become a fault within about one request
@@ -225,23 +209,8 @@ class ObjectBackend:
                 },
             )
         except Exception as exc:  # obstore checks the configuration here, without I/O
-            raise ConfigError(f"{self._where}: {self._scrub(_first_line(exc))}") from None
-        # One authenticated LIST proves endpoint, bucket and credentials (a HEAD
-        # cannot: S3 answers 404 for a missing bucket and a missing object alike);
-        # it is the index rebuild too when capacity or max_age needs one.
-        try:
-            if self._capacity is None and self._max_age is None:
-                next(iter(obstore.list(store, self._root + "/", chunk_size=1)), None)
-            else:
-                self._rescan(store, initial=True)
-        except Exception as exc:
-            raise self._fault(exc, "open") from exc
-        with self._lock:
-            self._store = store
-            self._pool = ThreadPoolExecutor(
-                int(opts["concurrency"]), thread_name_prefix="kvtier-object"
-            )
-            self._state = "open"
+            detail = self._bucket.scrub(first_line(exc))
+            raise ConfigError(f"{self._bucket.where}: {detail}") from None
 
     @hookimpl
     def kvtier_capabilities(self) -> Capabilities:
@@ -264,7 +233,7 @@ class ObjectBackend:
             stats: dict[str, int | float] = dict(self._stats)
             stats["lookup_cache_entries"] = len(self._cache)
             if self._index is not None:
-                stats["used_bytes"] = self._used
+                stats["used_bytes"] = self._index.used
                 stats["blocks"] = len(self._index)
             if self._capacity is not None:
                 stats["capacity_bytes"] = self._capacity
@@ -309,20 +278,17 @@ class ObjectBackend:
                     failure = failure or out.exc
                     continue
                 stored[key] = True
-                self._remember(key, True)
-                if self._index is not None and key not in self._index:
-                    self._index[key] = (sizes[key], now)
-                    self._used += sizes[key]
+                self._cache.remember(key, True)
+                if self._index is not None:
+                    self._index.add(key, sizes[key], now)
             if self._index is not None and cap is not None:
-                while self._used > cap and self._index:
-                    victim, (size, _) = self._index.popitem(last=False)
-                    self._used -= size
-                    self._cache.pop(victim, None)
-                    victims.append(victim)
+                victims = self._index.trim(cap)
+                for victim in victims:
+                    self._cache.drop(victim)
         if victims:
             self._delete(store, victims)
         if failure is not None:
-            raise self._fault(failure, "put") from failure
+            raise self._bucket.fault(failure, "put") from failure
         self._maybe_cleanup()
         return [stored[k] for k in keys]
 
@@ -371,9 +337,9 @@ class ObjectBackend:
                     failure = failure or out.exc
                     continue
                 found[key] = out
-                self._remember(key, out is not None)
+                self._cache.remember(key, out is not None)
         if failure is not None:
-            raise self._fault(failure, "get") from failure
+            raise self._bucket.fault(failure, "get") from failure
         return [found[k] for k in keys]
 
     @hookimpl
@@ -383,9 +349,9 @@ class ObjectBackend:
         now = time.monotonic()
         with self._lock:
             for key in keys:
-                entry = self._cache.get(key)
-                if entry is not None and entry[1] > now:
-                    answers[key] = entry[0]
+                cached = self._cache.get(key, now)
+                if cached is not None:
+                    answers[key] = cached
             self._stats["cache_hits"] += len(answers)
         ask = [k for k in first_positions(keys) if k not in answers]
         if ask:
@@ -397,9 +363,9 @@ class ObjectBackend:
                         failure = failure or out.exc
                         continue
                     answers[key] = out
-                    self._remember(key, out)
+                    self._cache.remember(key, out)
             if failure is not None:
-                raise self._fault(failure, "lookup") from failure
+                raise self._bucket.fault(failure, "lookup") from failure
         return [answers[k] for k in keys]
 
     def _exists(self, store: S3Store, key: bytes) -> bool:
@@ -419,14 +385,15 @@ class ObjectBackend:
         outcomes = self._map(lambda k: self._exists(store, k), unique)
         failed = [o.exc for o in outcomes if isinstance(o, Failed)]
         if failed:
-            raise self._fault(failed[0], "evict") from failed[0]
+            raise self._bucket.fault(failed[0], "evict") from failed[0]
         present = [k for k, out in zip(unique, outcomes) if out is True]
         if present:
             self._delete(store, present)
         with self._lock:
             for key in unique:
-                self._remember(key, False)
-                self._forget(key)
+                self._cache.remember(key, False)
+                if self._index is not None:
+                    self._index.forget(key)
         gone = set(present)
         out = []
         for key in keys:
@@ -446,7 +413,7 @@ class ObjectBackend:
                 return False
             obstore.put(store, path, transform(old), mode="overwrite", use_multipart=False)
         except Exception as exc:
-            raise self._fault(exc, "tamper") from exc
+            raise self._bucket.fault(exc, "tamper") from exc
         return True
 
     # operators --------------------------------------------------------------
@@ -478,7 +445,7 @@ class ObjectBackend:
         except ClosedError:
             raise
         except Exception as exc:
-            raise self._fault(exc, "scan") from exc
+            raise self._bucket.fault(exc, "scan") from exc
 
     # capacity and age -------------------------------------------------------
     def _maybe_cleanup(self) -> None:
@@ -503,7 +470,7 @@ class ObjectBackend:
         except ClosedError:
             pass  # closed before the pass began
         except Exception as exc:  # the next pass retries; puts must not fail for it
-            log.warning("%s", self._fault(exc, "cleanup pass"))
+            log.warning("%s", self._bucket.fault(exc, "cleanup pass"))
 
     def _rescan(self, store: S3Store, *, initial: bool) -> None:
         """LIST the namespace, rebuild the index, delete what is too old or over capacity."""
@@ -517,30 +484,18 @@ class ObjectBackend:
                 if len(rel) == 2 and _NAME_RE.match(rel[1]) and rel[0] == rel[1][:2]:
                     key = bytes.fromhex(rel[1])
                     listed.append((meta["last_modified"].timestamp(), rel[1], key, meta["size"]))
-        listed.sort()
         cutoff = None if self._max_age is None else started - self._max_age
-        expired = [key for mtime, _, key, _ in listed if cutoff is not None and mtime < cutoff]
-        index: OrderedDict[bytes, tuple[int, float]] = OrderedDict(
-            (key, (size, mtime))
-            for mtime, _, key, size in listed
-            if cutoff is None or mtime >= cutoff
-        )
+        index, expired = KeyIndex.from_listing(listed, cutoff)
         with self._lock:
             if not initial and self._index is not None:
                 # blocks this instance stored while the LIST ran are not in it
                 for key, (size, mtime) in self._index.items():
-                    if mtime >= started and key not in index:
-                        index[key] = (size, mtime)
-            used = sum(size for size, _ in index.values())
-            over: list[bytes] = []
-            if self._capacity is not None:
-                while used > self._capacity and index:
-                    key, (size, _) = index.popitem(last=False)
-                    used -= size
-                    over.append(key)
-            self._index, self._used = index, used
+                    if mtime >= started:
+                        index.add(key, size, mtime)
+            over = [] if self._capacity is None else index.trim(self._capacity)
+            self._index = index
             for key in (*expired, *over):
-                self._cache.pop(key, None)
+                self._cache.drop(key)
         if expired or over:
             self._delete(store, [*expired, *over])
         self._count(scans=1)  # a pass is counted once its deletes are done
@@ -552,31 +507,13 @@ class ObjectBackend:
         except FileNotFoundError:
             pass
         except Exception as exc:
-            raise self._fault(exc, "delete") from exc
+            raise self._bucket.fault(exc, "delete") from exc
         self._count(deleted=len(keys))
-
-    def _forget(self, key: bytes) -> None:
-        """Drop ``key`` from the index; the caller holds the lock."""
-        if self._index is not None:
-            entry = self._index.pop(key, None)
-            if entry is not None:
-                self._used -= entry[0]
 
     # helpers ----------------------------------------------------------------
     def _path(self, key: bytes) -> str:
         hexkey = key.hex()
         return f"{self._root}/{hexkey[:2]}/{hexkey}"
-
-    def _remember(self, key: bytes, present: bool) -> None:
-        """Cache a presence answer; the caller holds the lock."""
-        if self._ttl <= 0:
-            return
-        now = time.monotonic()
-        if len(self._cache) >= _CACHE_MAX:
-            self._cache = {k: v for k, v in self._cache.items() if v[1] > now}
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-        self._cache[key] = (present, now + self._ttl)
 
     def _count(self, **amounts: int) -> None:
         with self._lock:
@@ -609,29 +546,3 @@ class ObjectBackend:
         if self._state != "open":
             state = "closed" if self._state == "closed" else "not open"
             raise ClosedError(f"object backend is {state}")
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def _fault(self, exc: Exception, op: str) -> BackendError:
-        """A BackendError naming endpoint and bucket, saying what the server meant."""
-        text = str(exc)
-        status = _STATUS_RE.search(text)
-        code = _CODE_RE.search(text)
-        detail = self._scrub(_first_line(exc))
-        # a PUT answered 404 means the bucket is gone: objects are never missing there
-        if (code is not None and code.group(1) == "NoSuchBucket") or (
-            op == "put" and isinstance(exc, FileNotFoundError)
-        ):
-            return BackendError(
-                f"object tier ({op}): bucket {self._bucket!r} does not exist at {self._endpoint}"
-            )
-        if status is not None and status.group(1) in ("401", "403"):
-            why = code.group(1) if code is not None else f"HTTP {status.group(1)}"
-            return BackendError(
-                f"object tier ({op}): {self._endpoint} refused the credentials for bucket "
-                f"{self._bucket!r} ({why})"
-            )
-        return BackendError(f"object tier {self._where}: {op} failed: {detail}")
