@@ -46,7 +46,8 @@ from kvtier.spec import BackendError, BytesLike, ConfigError
 from . import _scripts
 
 if TYPE_CHECKING:
-    from .backend import Evicted, _Settings
+    from ._settings import Settings
+    from .backend import Evicted
 
 __all__ = ["DEFAULT_SHARDS", "ClusterStore"]
 
@@ -100,7 +101,7 @@ class _Shard:
         return ("EVALSHA", sha, 3 + len(keys), *self.keys, *data_keys, *args)
 
 
-def _cluster_client(settings: _Settings, where: str) -> RedisCluster:
+def _cluster_client(settings: Settings, where: str) -> RedisCluster:
     url = urllib.parse.urlsplit(settings.url)
     if url.scheme == "unix":
         raise ConfigError("a cluster is reached over TCP: use redis:// or rediss://", key="url")
@@ -149,7 +150,7 @@ def _open_error(where: str, exc: RedisClusterException) -> Exception:
 class ClusterStore:
     """One namespace on a cluster; the backend's hooks call these methods."""
 
-    def __init__(self, settings: _Settings, namespace: str, where: str) -> None:
+    def __init__(self, settings: Settings, namespace: str, where: str) -> None:
         if "{" in settings.prefix or "}" in settings.prefix:
             raise ConfigError("must not contain { or }: the shard is the key's hash tag",
                               key="prefix")

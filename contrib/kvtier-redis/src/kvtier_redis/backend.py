@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,6 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
-from kvtier.config.units import parse_duration, parse_size
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -52,17 +50,15 @@ from kvtier.spec import (
 )
 
 from . import _scripts
+from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
 
 if TYPE_CHECKING:
     from ._cluster import ClusterStore
 
 __all__ = ["REDIS_MAX_STRING", "RedisBackend"]
 
-#: Largest string value Redis stores (its ``proto-max-bulk-len`` default).
-REDIS_MAX_STRING = 512 * 1024 * 1024
 #: Blocks per put script at most: a script blocks the server while it runs.
 _MAX_KEYS_PER_SCRIPT = 1024
-_SCHEMES = ("redis", "rediss", "unix")
 #: Keys a SCAN call asks Redis to look at (a hint: it may answer more or fewer).
 _SCAN_COUNT = 1000
 _NAMESPACE_RE = re.compile(rb"^[0-9a-f]{32}$")
@@ -70,209 +66,12 @@ _NAMESPACE_RE = re.compile(rb"^[0-9a-f]{32}$")
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
 
 
-def _check_url(value: Any) -> None:
-    scheme = urllib.parse.urlsplit(str(value)).scheme
-    if scheme not in _SCHEMES:
-        raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got scheme {scheme!r}")
-
-
-def _check_prefix(value: Any) -> None:
-    if not str(value):
-        raise ValueError("must not be empty: it keeps kvtier's keys apart from others'")
-
-
-def _at_least(least: int) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if value < least:
-            raise ValueError(f"must be at least {least}, got {value}")
-
-    return check
-
-
-def _check_max_block_size(value: Any) -> None:
-    if not 0 < int(value) <= REDIS_MAX_STRING:
-        raise ValueError(f"must be between 1 byte and 512MiB (Redis' largest string), got {value}")
-
-
-_OPTIONS: Mapping[str, Option] = {
-    "url": Option(
-        "str",
-        "Redis server: redis://host:port/db, rediss://host:port/db (TLS) or "
-        "unix:///path/redis.sock?db=N. Put the password in `password`, not here.",
-        default="redis://127.0.0.1:6379/0",
-        check=_check_url,
-    ),
-    "prefix": Option(
-        "str",
-        "First part of every Redis key this tier writes: <prefix>:<namespace>:...",
-        default="kvtier",
-        check=_check_prefix,
-    ),
-    "capacity": Option(
-        "size",
-        "Bytes of blocks held per namespace (sum of block sizes), e.g. 4GiB; the least "
-        "recently used blocks are evicted and handed to the tier below. Unset: unbounded.",
-        default=None,
-        check=_at_least(1),
-    ),
-    "max_block_size": Option(
-        "size", "Refuse larger blocks (Redis strings hold at most 512MiB).", default="512MiB",
-        check=_check_max_block_size,
-    ),
-    "username": Option("str", "ACL user name (Redis 6 and later).", default=None),
-    "password": Option(
-        "str", "Password for AUTH; use ${REDIS_PASSWORD} in YAML.", default=None, secret=True
-    ),
-    "connect_timeout": Option("duration", "Give up connecting after this long.", default="5s"),
-    "timeout": Option(
-        "duration", "Give up on one batch after this long (also the wait for a free connection).",
-        default="30s",
-    ),
-    "retries": Option(
-        "int", "Resend a batch after a connection error or timeout this many times.", default=1,
-        check=_at_least(0),
-    ),
-    "max_connections": Option(
-        "int", "Connections to Redis at most; threads beyond wait for a free one.", default=16,
-        check=_at_least(1),
-    ),
-    "batch_bytes": Option(
-        "size", "Block bytes per put script; larger puts are split, still one round trip.",
-        default="64MiB",
-        check=_at_least(1),
-    ),
-    "cluster": Option(
-        "bool", "The url names a node of a Redis (or Valkey) Cluster; the namespace is "
-        "split into hash-tagged shards spread over the masters.", default=False,
-    ),
-    "shards": Option(
-        "int", "Shards of a new namespace (cluster only; the capacity is split evenly "
-        "between them). Unset: 16 for a new namespace, the stored count for an existing one.",
-        default=None,
-        check=_at_least(1),
-    ),
-}
-
-
-def redact(url: str) -> str:
-    """``url`` without its user name and password, for messages."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, ""))
-
-
-def _read(options: Mapping[str, Any], name: str) -> Any:
-    """Option ``name`` parsed to its type and checked, the default if unset; None if neither."""
-    option = _OPTIONS[name]
-    value = options.get(name)
-    if value is None:
-        value = option.default
-    if value is None:
-        return None
-    try:
-        if option.type == "size":
-            value = parse_size(value)
-        elif option.type == "duration":
-            value = parse_duration(value)
-        elif option.type == "int" and not isinstance(value, int):
-            value = int(value)
-        if option.check is not None:
-            option.check(value)
-    except (TypeError, ValueError) as exc:
-        reason = "rejected (value hidden: secret option)" if option.secret else str(exc)
-        raise ConfigError(reason, key=name) from None
-    return value
-
-
-def _read_text(options: Mapping[str, Any], name: str) -> str | None:
-    value = _read(options, name)
-    return None if value is None else str(value)
-
-
-def _read_count(options: Mapping[str, Any], name: str, *, least: int) -> int:
-    value = _read(options, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"must be an integer of at least {least}, got {value!r}", key=name)
-    return value
-
-
-def _read_flag(options: Mapping[str, Any], name: str) -> bool:
-    value = _read(options, name)
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-        return value.lower() in ("true", "yes", "1")
-    if not isinstance(value, bool):
-        raise ConfigError(f"must be true or false, got {value!r}", key=name)
-    return value
-
-
-@dataclass(frozen=True)
-class _Settings:
-    url: str
-    prefix: str
-    capacity: int | None
-    max_block_size: int
-    username: str | None
-    password: str | None
-    connect_timeout: float
-    timeout: float
-    retries: int
-    max_connections: int
-    batch_bytes: int
-    cluster: bool = False
-    shards: int | None = None
-
-    @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> _Settings:
-        """Validate ``options`` (parsed by kvtier already, or raw when called directly)."""
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"is not an option of the redis backend ({', '.join(_OPTIONS)})", key=unknown[0]
-            )
-        settings = cls(
-            url=str(_read(options, "url")),
-            prefix=str(_read(options, "prefix")),
-            capacity=(
-                None if _read(options, "capacity") is None
-                else _read_count(options, "capacity", least=1)
-            ),
-            max_block_size=_read_count(options, "max_block_size", least=1),
-            username=_read_text(options, "username"),
-            password=_read_text(options, "password"),
-            connect_timeout=float(_read(options, "connect_timeout")),
-            timeout=float(_read(options, "timeout")),
-            retries=_read_count(options, "retries", least=0),
-            max_connections=_read_count(options, "max_connections", least=1),
-            batch_bytes=_read_count(options, "batch_bytes", least=1),
-            cluster=_read_flag(options, "cluster"),
-            shards=(
-                None if _read(options, "shards") is None
-                else _read_count(options, "shards", least=1)
-            ),
-        )
-        if settings.shards is not None and not settings.cluster:
-            raise ConfigError("applies to a cluster only (cluster: true)", key="shards")
-        url = urllib.parse.urlsplit(settings.url)
-        if url.password is not None and settings.password is not None:
-            raise ConfigError("a password is given in the url and as an option", key="password")
-        if url.username and settings.username is not None:
-            raise ConfigError("a user is given in the url and as an option", key="username")
-        return settings
-
-    @property
-    def limit(self) -> int:
-        """Largest block stored: a block over the capacity could never fit."""
-        if self.capacity is None:
-            return self.max_block_size
-        return min(self.capacity, self.max_block_size)
-
-
 @dataclass(frozen=True)
 class _Conn:
     """What an open instance holds; swapped for None on close."""
 
     client: redis.Redis
-    settings: _Settings
+    settings: Settings
     where: str  # the URL without credentials
     keys: tuple[bytes, bytes, bytes]  # recency index, sizes, counters
     data_prefix: bytes
@@ -315,11 +114,11 @@ class RedisBackend:
     # lifecycle -------------------------------------------------------------
     @hookimpl
     def kvtier_options(self) -> dict[str, Option]:
-        return dict(_OPTIONS)
+        return dict(OPTIONS)
 
     @hookimpl
     def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
-        settings = _Settings.parse(options)
+        settings = Settings.parse(options)
         with self._lock:
             if self._closed:
                 raise ClosedError("redis backend is closed")
@@ -334,7 +133,7 @@ class RedisBackend:
                 raise ClosedError("redis backend is closed")
             conn = self._conn
         # unopened (`kvtier backends`): the defaults, without I/O
-        settings = _Settings.parse({}) if conn is None else conn.settings
+        settings = Settings.parse({}) if conn is None else conn.settings
         extra = {"eviction": "lru", "capacity_scope": "namespace"}
         max_block_size = settings.max_block_size
         if not isinstance(conn, _Conn) and conn is not None:
@@ -532,7 +331,7 @@ class RedisBackend:
                 return
 
     # internals -------------------------------------------------------------
-    def _connect(self, settings: _Settings, namespace: str) -> _Conn | ClusterStore:
+    def _connect(self, settings: Settings, namespace: str) -> _Conn | ClusterStore:
         where = redact(settings.url)
         if settings.cluster:
             from ._cluster import ClusterStore  # redis-py's cluster client, only when asked
