@@ -18,10 +18,11 @@ does with no kvtier at all:
 * ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
   in a process of its own, as ``kvtier serve`` is.
 
-The ceilings are in :mod:`kvtier.bench.ceilings`.  Every block read back, by kvtier or raw, is compared with what was written;
-a difference is reported, never hidden.  Rounds interleave kvtier and raw
-so that a disturbance (a shared machine) hits both; the ratio kvtier/raw is
-the figure to read, absolute numbers depend on the machine.
+The ceilings are in :mod:`kvtier.bench.ceilings`.  Every block read back,
+by kvtier or raw, is compared with what was written; a difference is
+reported, never hidden.  Rounds interleave kvtier and raw so that a
+disturbance (a shared machine) hits both; the ratio kvtier/raw is the
+figure to read, absolute numbers depend on the machine.
 
 Throughput is bytes over summed batch time in GB/s (10^9 bytes per second);
 latency percentiles are per batched call.  ``ratio`` divides throughputs
