@@ -1,0 +1,49 @@
+"""Options, blocks and on-disk paths for the ``fs`` backend's test modules.
+
+``tests/backends/test_fs_{data_path,capacity,persistence,faults}.py`` drive the
+``fs`` backend through the registry, on a local directory and on ``memory://``;
+their fixtures (``url``, ``local_url``, ``opener``) are in ``tests/backends/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+from kvtier.plugins.registry import BackendHandle
+from kvtier.spec import BytesLike
+
+NS = "0123456789abcdef0123456789abcdef"
+Opener = Callable[..., BackendHandle]
+
+
+def blob(size: int, seed: int = 0) -> bytes:
+    return random.Random(seed * 1_000_003 + size).randbytes(size)
+
+
+def options(url: str, **over: Any) -> dict[str, Any]:
+    # no config loader runs here: every option is passed, defaults included
+    opts: dict[str, Any] = {
+        "url": url,
+        "capacity": None,
+        "fsync": False,
+        "io_threads": 4,
+        "storage_options": {},
+    }
+    opts.update(over)
+    return opts
+
+def block_path(url: str, key: bytes, namespace: str = NS) -> str:
+    h = key.hex()
+    return f"{url.removeprefix('file://')}/{namespace}/{h[0:2]}/{(h[2:4] or '00')}/{h}.kvb"
+
+
+def files_under(url: str) -> list[str]:
+    root = url.removeprefix("file://")
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+
+
+def as_bytes(data: BytesLike | None) -> bytes | None:
+    return None if data is None else bytes(data)
