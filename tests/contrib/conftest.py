@@ -1,0 +1,28 @@
+"""Fixtures shared by the contrib test modules.
+
+The LMCache fixtures import :mod:`lmcache_driver` (and so lmcache) when a test
+asks for them: only ``test_lmcache_*.py`` do, after skipping without lmcache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def l1() -> Iterator[Any]:
+    """LMCache's L1 memory manager on the CPU; what the test allocated is freed after."""
+    from lmcache_driver import l1_manager
+
+    yield from l1_manager()
+
+
+@pytest.fixture
+def adapter_of() -> Iterator[Any]:
+    """Builds adapters from a chain YAML as LMCache's server does; closes them after."""
+    from lmcache_driver import adapter_factory
+
+    yield from adapter_factory()
