@@ -2,7 +2,7 @@
 
 Unit level, on real tiers (fs -> fs): stores, capacity evictions in a lower
 tier, and a purge reported by an operator's tool.  The engine run with vLLM's KV events
-on is in ``test_vllm.py``.
+on is in ``test_vllm_engine.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One vLLM engine run for tests/contrib/test_vllm.py, in a process of its own.
+"""One vLLM engine run for tests/contrib/test_vllm_engine.py, in a process of its own.
 
     python tests/support/vllm_runner.py --model DIR --prompts JSON [--kvtier-config YAML]
         [--phases 'p1,p2;p1'] [--pause] [--reset-between] [--max-tokens 16]

@@ -1,0 +1,291 @@
+"""kvtier's secondary tier for vLLM (``KvtierTier``), driven directly with a fake primary
+region: lookups, stores and loads through a chain, damaged blocks, stats, unreachable storage."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm_chain import damage_blocks, host_tier, write_yaml
+
+from kvtier.spec import BackendError, ConfigError, hookimpl
+
+# --------------------------------------------------------------------------- tier
+
+
+class FakeSpec:
+    """What a secondary tier reads from vLLM's offloading spec."""
+
+    def __init__(self, row: int) -> None:
+        from vllm.v1.kv_offload.config import (
+            OffloadingCacheConfig,
+            OffloadingConfig,
+            OffloadingGroupConfig,
+            OffloadingModelConfig,
+            OffloadingParallelConfig,
+        )
+
+        self.config = OffloadingConfig(
+            groups=(OffloadingGroupConfig(32, ("layers.0.attn", "layers.1.attn"), 0),),
+            worker_kv_bytes_per_block=row,
+            enable_kv_cache_events=False,
+            extra_config={},
+            engine_id="test",
+            model=OffloadingModelConfig(name="tiny", dtype="float32"),
+            cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
+            parallel=OffloadingParallelConfig(
+                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                is_parallelism_agnostic=True,
+            ),
+        )
+        self.cpu_page_size_per_worker = row
+        self.replicated_layout = False
+
+
+ROW = 4096
+
+
+@pytest.fixture
+def tier_factory(tmp_path: Path) -> Iterator[Any]:
+    pytest.importorskip("vllm")
+    from kvtier.contrib.vllm.tier import KvtierTier
+
+    tiers: list[Any] = []
+
+    def make(chunks: int = 8, **kwargs: Any) -> tuple[Any, np.ndarray]:
+        config = write_yaml(tmp_path / "tiers.yaml", [host_tier(), {
+            "name": "disk", "backend": "fs", "url": str(tmp_path / "store")}])
+        region = np.zeros((chunks, ROW), dtype=np.uint8)
+        tier = KvtierTier(FakeSpec(ROW), memoryview(region), "KvtierTier",
+                          config=str(config), **kwargs)
+        tiers.append(tier)
+        return tier, region
+
+    yield make
+    for tier in tiers:
+        tier.shutdown()
+
+
+def finish(tier: Any, job_ids: set[int], timeout: float = 10.0) -> dict[int, Any]:
+    """Poll like vLLM's scheduler until every job reported."""
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    while set(done) != job_ids:
+        assert time.monotonic() < deadline, f"jobs {job_ids - set(done)} never finished"
+        for res in tier.get_finished_jobs():
+            done[res.job_id] = res
+        time.sleep(0.005)
+    return done
+
+
+def resolve(tier: Any, keys: list[bytes], timeout: float = 10.0) -> list[Any]:
+    """Look keys up like vLLM: RETRY until the batched chain lookup answers."""
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
+
+    ctx = ReqContext(req_id="r")
+    deadline = time.monotonic() + timeout
+    while True:
+        answers = [tier.lookup(k, ctx) for k in keys]
+        if LookupResult.RETRY not in answers:
+            return answers
+        assert time.monotonic() < deadline
+        tier.on_schedule_end(ScheduleEndContext((), ()))
+        time.sleep(0.005)
+
+
+def job(job_id: int, keys: list[bytes], chunks: list[int], promotion: bool) -> Any:
+    from vllm.v1.kv_offload.base import ReqContext
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    return TransferJob(job_id, keys, np.array(chunks, dtype=np.int32), promotion,
+                       ReqContext(req_id="r"))
+
+
+def test_tier_lookup_store_load_through_a_chain(tier_factory: Any) -> None:
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+
+    tier, region = tier_factory()
+    keys = [bytes([i]) * 36 for i in range(3)]
+    # first answer never blocks: RETRY, the chain is asked at the end of the step
+    assert tier.lookup(keys[0], ReqContext(req_id="r")) is LookupResult.RETRY
+    assert resolve(tier, keys) == [LookupResult.MISS] * 3
+    for c in range(3):
+        region[c] = c + 1
+    tier.submit_store(job(1, keys, [0, 1, 2], False))
+    stored = finish(tier, {1})[1]
+    assert stored.success and stored.transfer_bytes == 3 * ROW
+    # a key it holds is not stored again
+    tier.submit_store(job(2, keys[:1], [0], False))
+    assert finish(tier, {2})[2].success
+    assert tier.adapter_stats()["store_keys:skipped"] == 1
+
+    # a fresh tier on the same chain (a new process, in effect) finds them
+    other, region2 = tier_factory()
+    missing = b"\xee" * 36
+    assert resolve(other, [*keys, missing]) == [LookupResult.HIT] * 3 + [LookupResult.MISS]
+    other.submit_load(job(7, [keys[2], missing, keys[0]], [5, 6, 7], True))
+    loaded = finish(other, {7})[7]
+    assert not loaded.success
+    assert list(loaded.successful_keys) == [keys[2], keys[0]]  # vLLM recomputes the rest
+    assert (region2[5] == 3).all() and (region2[7] == 1).all()
+    assert other.chain_stats()["tiers"][0]["hits"] == 2
+    # the key that failed to load stays a miss for a while: no livelock on a bad block
+    assert resolve(other, [missing]) == [LookupResult.MISS]
+    assert other.has_pending_work() is False
+
+
+def test_tier_replaces_a_damaged_block_when_it_is_stored_again(
+    tier_factory: Any, tmp_path: Path
+) -> None:
+    from vllm.v1.kv_offload.base import LookupResult
+
+    tier, region = tier_factory()
+    key = b"d" * 36
+    region[0] = 1
+    tier.submit_store(job(1, [key], [0], False))
+    assert finish(tier, {1})[1].success
+    assert damage_blocks(tmp_path / "store") == 1
+
+    other, region2 = tier_factory()
+    assert resolve(other, [key]) == [LookupResult.HIT]  # lookups do not read blocks
+    other.submit_load(job(2, [key], [1], True))
+    failed = finish(other, {2})[2]
+    assert not failed.success and failed.successful_keys is None
+    assert other.chain_stats()["tiers"][0]["corrupt"] == 1
+    # vLLM recomputes the chunk and stores it: the damaged block is replaced
+    region2[2] = 7
+    other.submit_store(job(3, [key], [2], False))
+    assert finish(other, {3})[3].success
+    # the chain dropped the rejected block itself: nothing was left for the adapter to evict
+    assert other.adapter_stats().get("dropped_keys:failed_load", 0) == 0
+
+    third, region3 = tier_factory()
+    assert resolve(third, [key]) == [LookupResult.HIT]
+    third.submit_load(job(4, [key], [3], True))
+    assert finish(third, {4})[4].success and (region3[3] == 7).all()
+
+
+def test_tier_hashes_long_keys_and_times_out_slow_lookups(tier_factory: Any) -> None:
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
+
+    from kvtier.contrib.vllm.tier import chain_key
+
+    long_key = b"k" * 100
+    assert len(chain_key(long_key)) == 32 and chain_key(b"k" * 64) == b"k" * 64
+    tier, region = tier_factory()
+    region[0] = 9
+    tier.submit_store(job(1, [long_key], [0], False))
+    assert finish(tier, {1})[1].success
+    tier.submit_load(job(2, [long_key], [1], True))
+    assert finish(tier, {2})[2].success and (region[1] == 9).all()
+
+    slow, _ = tier_factory(lookup_timeout=0.0)
+    ctx = ReqContext(req_id="r")
+    assert slow.lookup(b"x" * 36, ctx) is LookupResult.RETRY
+    time.sleep(0.01)  # never flushed to the chain: the answer is overdue
+    assert slow.lookup(b"x" * 36, ctx) is LookupResult.MISS
+    slow.on_schedule_end(ScheduleEndContext((), ()))
+    assert slow.adapter_stats()["lookup_keys:timeout"] == 1
+
+
+def test_tier_stats_match_its_metric_definitions(tier_factory: Any) -> None:
+    from kvtier.contrib.vllm.tier import KvtierTier
+
+    tier, _ = tier_factory()
+    keys = [bytes([i]) * 36 for i in range(2)]
+    resolve(tier, keys)
+    tier.submit_store(job(1, keys, [0, 1], False))
+    finish(tier, {1})
+    tier.submit_load(job(2, keys, [2, 3], True))
+    finish(tier, {2})
+    stats = tier.get_stats()
+    definitions = KvtierTier.build_metric_definitions({})
+    reduced = stats.reduce()
+    assert reduced["vllm:kv_offload_kvtier_hits:('disk',)"] == 2
+    assert reduced["vllm:kv_offload_kvtier_store_keys:('ok',)"] == 2
+    assert reduced["vllm:kv_offload_kvtier_load_keys:('ok',)"] == 2
+    # vLLM's Prometheus logger rejects a metric it was not told about
+    for name, by_label in stats.data["data"].items():
+        assert name in definitions, name
+        for labels in by_label:
+            assert len(labels) == len(definitions[name].labelnames)
+    assert tier.get_stats() is None  # nothing new
+
+
+class OfflineAtFirst:
+    """A dict backend whose storage is unreachable until ``online`` is set."""
+
+    online = threading.Event()
+
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, bytes] = {}
+
+    @hookimpl
+    def kvtier_open(self, options: Any, namespace: str) -> None:
+        if not self.online.is_set():
+            raise BackendError("connection refused")
+
+    @hookimpl
+    def kvtier_put(self, keys: Any, blocks: Any, evicted: Any) -> list[bool]:
+        self.blocks.update((k, bytes(b)) for k, b in zip(keys, blocks))
+        return [True] * len(keys)
+
+    @hookimpl
+    def kvtier_get(self, keys: Any) -> list[bytes | None]:
+        return [self.blocks.get(k) for k in keys]
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Any) -> list[bool]:
+        return [k in self.blocks for k in keys]
+
+    @hookimpl
+    def kvtier_evict(self, keys: Any) -> list[bool]:
+        return [self.blocks.pop(k, None) is not None for k in keys]
+
+
+def test_tier_starts_without_unreachable_storage_and_connects_later(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_offload.base import LookupResult
+
+    from kvtier.contrib.vllm.tier import KvtierTier
+    from kvtier.plugins.registry import default_registry
+
+    default_registry().register("vllm-test-offline", OfflineAtFirst)
+    config = write_yaml(tmp_path / "t.yaml", [host_tier(),
+                                              {"name": "far", "backend": "vllm-test-offline"}])
+    region = np.ones((4, ROW), np.uint8)
+    tier = KvtierTier(FakeSpec(ROW), memoryview(region), "KvtierTier", config=str(config),
+                      reopen_interval=0.0)
+    try:
+        key = b"o" * 36
+        assert resolve(tier, [key]) == [LookupResult.MISS]  # no exception, only misses
+        tier.submit_store(job(1, [key], [0], False))
+        assert not finish(tier, {1})[1].success
+        OfflineAtFirst.online.set()
+        deadline = time.monotonic() + 10
+        while not tier.chain_stats()["tiers"]:  # reopened from on_schedule_end
+            assert time.monotonic() < deadline
+            resolve(tier, [os.urandom(36)])
+            time.sleep(0.01)
+        tier.submit_store(job(2, [key], [0], False))
+        assert finish(tier, {2})[2].success
+    finally:
+        tier.shutdown()
+        OfflineAtFirst.online.clear()
+
+
+def test_tier_refuses_a_host_only_chain(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    from kvtier.contrib.vllm.tier import KvtierTier
+
+    config = write_yaml(tmp_path / "t.yaml", [host_tier()])
+    with pytest.raises(ConfigError, match="only a host tier"):
+        KvtierTier(FakeSpec(ROW), memoryview(np.zeros((2, ROW), np.uint8)), "KvtierTier",
+                   config=str(config))
