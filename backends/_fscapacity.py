@@ -86,10 +86,12 @@ class Ledger:
             self.doomed[key] = self.doomed.get(key, 0) + 1
 
     def undoom(self, keys: Sequence[bytes]) -> None:
+        """The files of ``keys`` are deleted; wake the puts waiting to write them again."""
         for key in keys:
             left = self.doomed.pop(key) - 1
             if left:
                 self.doomed[key] = left
+        self.landed.notify_all()
 
     def reconcile(
         self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None]
@@ -119,6 +121,13 @@ class Ledger:
         ``is_open`` tells whether waiting for other writes to land still makes
         sense.
         """
+        # A key whose file is being deleted is written only once it is gone:
+        # else the deletion, already under way, could remove the new file
+        # after the put was counted (a block indexed but not on disk).  The
+        # wait comes before anything is reserved, so it holds up no one.
+        while self.doomed and is_open() and any(key in self.doomed for key in keys):
+            if not self.landed.wait(_LANDING_TIMEOUT):
+                break
         n = len(keys)
         results = [False] * n
         index, cap = self.index, self.capacity

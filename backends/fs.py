@@ -363,6 +363,8 @@ class FsBackend:
             cap = ledger.capacity
             if cap is not None and ledger.used + ledger.reserved + size > cap:
                 return False
+            if key in ledger.doomed:
+                return False  # its file is being deleted: the general path waits for that
             ledger.reserved += size
         try:
             stored = self._store.write(key, parts, self._fsync)

@@ -243,3 +243,36 @@ def test_four_threads(url: str, opener: Opener, capacity: int | None) -> None:
     if url.startswith("file://"):
         names = [os.path.basename(p) for p in files_under(url)]
         assert len(names) == len(present)
+
+
+def test_a_put_during_an_eviction_of_its_key_is_written_after_it(
+    url: str, opener: Opener
+) -> None:
+    """The put waits for the deletion under way, or the deletion would remove the new
+    file after the put was counted: a block indexed but not on disk."""
+    tier = opener(url)
+    data = blob(5000)
+    assert list(tier.put([b"k"], [data], [])) == [True]
+    store = tier.instance._store
+    deleting, resume = threading.Event(), threading.Event()
+    real_remove = store.remove
+
+    def slow_remove(key: bytes) -> bool:
+        deleting.set()
+        assert resume.wait(10)
+        return bool(real_remove(key))
+
+    store.remove = slow_remove
+    evicting = threading.Thread(target=tier.evict, args=([b"k"],))
+    evicting.start()
+    assert deleting.wait(10)
+    putting = threading.Thread(target=tier.put, args=([b"k", b"other"], [data, blob(4000)], []))
+    putting.start()
+    putting.join(0.3)
+    assert putting.is_alive()  # waits for the deletion, not written under it
+    resume.set()
+    evicting.join(10)
+    putting.join(10)
+    assert not putting.is_alive() and not evicting.is_alive()
+    assert as_bytes(tier.get([b"k"])[0]) == data
+    assert tier.stats()["blocks"] == 2
