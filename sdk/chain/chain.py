@@ -12,18 +12,19 @@ receive them according to their write policy:
     eviction loses nothing.
 
 Backends are plain synchronous code; the chain runs asynchronous work on
-per-tier worker threads, bounded by a per-tier backlog in bytes so a slow
-tier slows writers down instead of filling memory.  A tier that raises is
-skipped (its reads are misses) until its back-off expires.
+per-tier worker threads (:mod:`kvtier.chain.traffic`).  A tier that raises
+is skipped (its reads are misses) until its back-off expires.
+
+This module is the walk that serves callers' reads and writes; the copies
+it starts between tiers (through, demotion, promotion, RAM tiers saved at
+close) are the traffic's.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from kvtier.block import framing
@@ -32,8 +33,8 @@ from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
 from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.jobs import JobResult, Jobs
-from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
-from kvtier.chain.tier import Evicted, Tier
+from kvtier.chain.tier import Tier
+from kvtier.chain.traffic import DEFAULT_BACKLOG_BYTES, Traffic
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
 from kvtier.plugins.registry import BackendRegistry, default_registry
@@ -43,14 +44,9 @@ __all__ = ["Chain", "JobResult", "open_chain"]
 
 log = logging.getLogger("kvtier.chain")
 
-#: Bytes of asynchronous writes that may wait for one tier before writers block.
-DEFAULT_BACKLOG_BYTES = 256 << 20
-
 #: What a tier's part of a walk does with the indices offered to it: per
 #: index, True where this tier settled it (stored it, found it).
 Step = Callable[[int, Tier, list[int]], Sequence[bool]]
-#: Why blocks are written to a tier: a caller's put, or the chain's own traffic.
-WriteKind = Literal["put", "through", "demote", "promote"]
 #: How often a read walks the tiers for keys that moved down while it walked.
 _READ_WALKS = 3
 
@@ -113,21 +109,8 @@ class Chain:
             for tier in self.tiers:
                 tier.close()
             raise
-        self._writers = [
-            ThreadPoolExecutor(t.config.workers, thread_name_prefix=f"kvtier-{t.name}")
-            for t in self.tiers
-        ]
-        self._backlogs = [Backlog(backlog_bytes) for _ in self.tiers]
-        self._pending = Pending()
-        self._queued = Queued()  # blocks on their way down: readable meanwhile
+        self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
         self._jobs = Jobs(job_workers)
-        # Per tier: keys it holds that the write-back tier below has not got
-        # yet, for tiers that lose their blocks at close (RAM).  Close saves
-        # them below, so write-back costs no block a write-through would keep.
-        self._unsaved: list[set[bytes] | None] = [
-            set() if self._keeps_unsaved(i) else None for i in range(len(self.tiers))
-        ]
-        self._unsaved_lock = threading.Lock()
         self._listeners = Listeners()  # see add_listener
         self._closed = False
         self._reporter: MetricsReporter | None = None
@@ -179,17 +162,18 @@ class Chain:
         """
         pending: Iterable[int] = range(len(keys))
         queued: list[tuple[int, int, BytesLike]] = []
+        in_queue = self._traffic.queued
         for _ in range(_READ_WALKS):
-            entries = self._queued.entries  # read first: an entry after it counts
-            early = self._queued.snapshot(keys)
+            entries = in_queue.entries  # read first: an entry after it counts
+            early = in_queue.snapshot(keys)
             missed = []
             for i in self._walk(pending, step):
-                found = self._queued.find(keys[i], early)
+                found = in_queue.find(keys[i], early)
                 if found is None:
                     missed.append(i)
                 else:
                     queued.append((i, *found))
-            if not missed or self._queued.entries == entries:
+            if not missed or in_queue.entries == entries:
                 break
             pending = missed
         return missed, queued
@@ -233,7 +217,7 @@ class Chain:
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys = [keys[i] for i in offered]
             flags, evicted, frames = tier.put_payloads(
-                sub_keys, [payloads[i] for i in offered], self._evicted_sink(index)
+                sub_keys, [payloads[i] for i in offered], self._traffic.evicted_sink(index)
             )
 
             def frame_below(j: int) -> BytesLike:
@@ -244,7 +228,7 @@ class Chain:
                     return _one_frame(frames[j])
                 return framing.encode(self._ns, sub_keys[j], payloads[offered[j]], codec)
 
-            self._stored(index, sub_keys, flags, evicted, "put", frame_below, trusted=True)
+            self._traffic.settle(index, sub_keys, flags, evicted, "put", frame_below, trusted=True)
             return flags
 
         misses = set(self._walk(range(len(keys)), step))
@@ -263,9 +247,9 @@ class Chain:
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
-            flags, evicted = tier.put_blobs(sub_keys, sub_blobs, self._evicted_sink(index))
+            flags, evicted = tier.put_blobs(sub_keys, sub_blobs, self._traffic.evicted_sink(index))
             # a copy for the queue: the caller may reuse its buffers
-            self._stored(
+            self._traffic.settle(
                 index, sub_keys, flags, evicted, "put", lambda j: bytes(sub_blobs[j]),
                 trusted=False,
             )
@@ -274,161 +258,9 @@ class Chain:
         misses = set(self._walk(range(len(keys)), step))
         return [i not in misses for i in range(len(keys))]
 
-    def _stored(
-        self,
-        index: int,
-        keys: Sequence[bytes],
-        flags: Sequence[bool],
-        evicted: Evicted,
-        kind: WriteKind,
-        frame_below: Callable[[int], BytesLike],
-        *,
-        trusted: bool,
-    ) -> None:
-        """Settle a finished write into tier ``index``: every write's results go here.
-
-        Marks what a RAM tier must save below at close, sends capacity
-        victims down, tells listeners, and writes what was stored through
-        to the tier below when its policy asks (``frame_below(j)`` is the
-        frame for ``keys[j]``).  Promoted copies go no further down: they
-        came from there.
-        """
-        stored = [j for j, flag in enumerate(flags) if flag]
-        if kind != "promote":
-            self._mark_unsaved(index, (keys[j] for j in stored), True)
-        self._handle_evicted(index, evicted)
-        self._emit("stored", index, (keys[j] for j in stored), kind)
-        if stored and kind != "promote" and self._writes_through(index):
-            self._submit_write(
-                index + 1, [keys[j] for j in stored], [frame_below(j) for j in stored],
-                "through", trusted=trusted,
-            )
-
-    def _writes_through(self, index: int) -> bool:
-        return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "through"
-
-    def _writes_back(self, index: int) -> bool:
-        return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "back"
-
-    def _keeps_unsaved(self, index: int) -> bool:
-        return self._writes_back(index) and not self.tiers[index].capabilities.persistent
-
-    def _mark_unsaved(self, index: int, keys: Iterable[bytes], unsaved: bool) -> None:
-        held = self._unsaved[index]
-        if held is None:
-            return
-        with self._unsaved_lock:
-            if unsaved:
-                held.update(keys)
-            else:
-                held.difference_update(keys)
-
-    def _save_unsaved(self) -> None:
-        """At close: copy what RAM tiers hold and their write-back tiers lack down to them.
-
-        Top down, so a block saved into a tier that is itself unsaved moves on.
-        """
-        for index, held in enumerate(self._unsaved):
-            if not held:
-                continue
-            with self._unsaved_lock:
-                keys = list(held)
-                held.clear()
-            below = self.tiers[index + 1]
-            for start in range(0, len(keys), 64):  # bounded memory: 64 blobs at a time
-                part = keys[start : start + 64]
-                found = self.tiers[index].get_blobs(part)
-                pairs = [(k, b) for k, b in zip(part, found) if b is not None]
-                if not pairs:
-                    continue
-                flags, evicted = below.put_blobs(
-                    [k for k, _ in pairs], [b for _, b in pairs], self._evicted_sink(index + 1)
-                )
-                self._handle_evicted(index + 1, evicted)
-                saved = [k for (k, _), flag in zip(pairs, flags) if flag]
-                below.stats.add(demoted=len(saved))
-                self._mark_unsaved(index + 1, saved, True)
-
-    def _evicted_sink(self, index: int) -> Evicted:
-        """The list a put into tier ``index`` reports its capacity victims in."""
-        return DemotionSink(self._queued, index + 1) if self._writes_back(index) else []
-
-    def _handle_evicted(self, index: int, evicted: Evicted) -> None:
-        if not evicted:
-            return
-        self._mark_unsaved(index, (k for k, _ in evicted), False)
-        if self._writes_back(index):
-            self._queued.add(index + 1, evicted)
-            self._submit_write(
-                index + 1, [k for k, _ in evicted], [b for _, b in evicted], "demote"
-            )
-        self._emit("removed", index, (k for k, _ in evicted), "capacity")
-
-    def _submit_write(
-        self,
-        index: int,
-        keys: list[bytes],
-        blobs: list[BytesLike],
-        kind: WriteKind,
-        *,
-        trusted: bool = False,
-    ) -> bool:
-        """Queue framed blocks for tier ``index``; promotions never wait for room.
-
-        A block written through stays readable from the queue until it lands,
-        like a demotion: the tier above may evict it before then.
-        """
-        nbytes = sum(memoryview(b).nbytes for b in blobs)
-        if not self._backlogs[index].acquire(nbytes, block=kind != "promote"):
-            self.tiers[index].stats.add(dropped=len(keys))
-            return False
-        if kind == "through":
-            self._queued.add(index, zip(keys, blobs))
-        self._pending.start()
-        try:
-            self._writers[index].submit(self._write, index, keys, blobs, kind, trusted, nbytes)
-        except RuntimeError:  # executor shut down: the chain is closing
-            self._write_done(index, keys, blobs, nbytes)
-            return False
-        return True
-
-    def _write(
-        self,
-        index: int,
-        keys: list[bytes],
-        blobs: list[BytesLike],
-        kind: WriteKind,
-        trusted: bool,
-        nbytes: int,
-    ) -> None:
-        tier = self.tiers[index]
-        try:
-            flags, evicted = tier.put_blobs(
-                keys, blobs, self._evicted_sink(index), trusted=trusted
-            )
-            stored = sum(flags)
-            if kind == "demote":
-                tier.stats.add(demoted=stored)
-            elif kind == "promote":
-                tier.stats.add(promoted=stored)
-            if stored < len(flags) and not tier.healthy:
-                tier.stats.add(dropped=len(flags) - stored)
-            self._stored(index, keys, flags, evicted, kind, blobs.__getitem__, trusted=trusted)
-        except Exception:  # a bug here must not kill the worker silently
-            log.exception("kvtier: asynchronous %s write to tier %r failed", kind, tier.name)
-        finally:
-            self._write_done(index, keys, blobs, nbytes)
-
-    def _write_done(
-        self, index: int, keys: list[bytes], blobs: list[BytesLike], nbytes: int
-    ) -> None:
-        self._queued.landed(index, keys, blobs)
-        self._backlogs[index].release(nbytes)
-        self._pending.done()
-
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued asynchronous write (through, demotion, promotion) is done."""
-        return self._pending.wait(timeout)
+        return self._traffic.flush(timeout)
 
     # reads --------------------------------------------------------------------
     def get(self, keys: Sequence[bytes], out: Sequence[Any]) -> list[bool]:
@@ -525,7 +357,7 @@ class Chain:
         if blobs:
             owned: list[BytesLike] = [bytes(b) for b in blobs]
             for index in targets:
-                self._submit_write(index, keys, owned, "promote")
+                self._traffic.submit(index, keys, owned, "promote")
             return
         framed: dict[Codec, list[BytesLike]] = {}
         for index in targets:
@@ -534,7 +366,7 @@ class Chain:
                 framed[codec] = [
                     framing.encode(self._ns, k, p, codec) for k, p in zip(keys, payloads)
                 ]
-            self._submit_write(index, keys, framed[codec], "promote", trusted=True)
+            self._traffic.submit(index, keys, framed[codec], "promote", trusted=True)
 
     def lookup(self, keys: Sequence[bytes]) -> list[int | None]:
         """Per key, the index of the first tier holding it, or None."""
@@ -571,7 +403,7 @@ class Chain:
         self.flush()
         removed = [False] * len(keys)
         for index, tier in enumerate(self.tiers):
-            self._mark_unsaved(index, keys, False)
+            self._traffic.unsaved.mark(index, keys, False)
             flags = tier.evict(keys)
             for i, flag in enumerate(flags):
                 removed[i] = removed[i] or flag
@@ -626,7 +458,7 @@ class Chain:
         return {
             "namespace": self.namespace.hex,
             "tiers": [tier.snapshot() for tier in self.tiers],
-            "pending_writes": self._pending.count,
+            "pending_writes": self._traffic.pending.count,
         }
 
     def close(self) -> None:
@@ -641,13 +473,12 @@ class Chain:
         self._jobs.shutdown()
         self.flush()
         try:
-            self._save_unsaved()
+            self._traffic.save_unsaved()
         except Exception:  # closing must go on: the tiers still need closing
             log.exception("kvtier: saving write-back blocks at close failed")
         self.flush()
         self._closed = True
-        for writer in self._writers:
-            writer.shutdown(wait=True)
+        self._traffic.shutdown()
         for tier in self.tiers:
             try:
                 tier.close()

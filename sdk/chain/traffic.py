@@ -1,0 +1,236 @@
+"""The chain's writes between tiers: through, demotion, promotion, and RAM tiers saved at close.
+
+A :class:`~kvtier.chain.chain.Chain` owns one :class:`Traffic`.  The chain's
+walk serves callers' reads and writes; every write, the walk's and the
+traffic's own, is settled here (:meth:`Traffic.settle`), which sends
+copies down (or, for promotions, up) on per-tier worker threads, bounded
+by a per-tier backlog in bytes so a slow tier slows writers down instead
+of filling memory.  Blocks on their way down stay readable from
+:attr:`Traffic.queued`.
+
+Imports the queue's parts (:mod:`kvtier.chain.queue`) and tiers, never the
+chain: the walk calls the traffic, not the other way round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
+from kvtier.chain.tier import Evicted, Tier
+from kvtier.spec import BytesLike
+
+__all__ = ["DEFAULT_BACKLOG_BYTES", "Emit", "Traffic", "Unsaved", "WriteKind"]
+
+log = logging.getLogger("kvtier.chain")
+
+#: Bytes of asynchronous writes that may wait for one tier before writers block.
+DEFAULT_BACKLOG_BYTES = 256 << 20
+
+#: Why blocks are written to a tier: a caller's put, or the chain's own traffic.
+WriteKind = Literal["put", "through", "demote", "promote"]
+#: How the traffic tells the chain's listeners: ``(kind, tier index, keys, reason)``.
+Emit = Callable[[Literal["stored", "removed"], int, Iterable[bytes], str], None]
+
+
+class Unsaved:
+    """Per tier: keys it holds that the write-back tier below has not got
+    yet, for tiers that lose their blocks at close (RAM).  Close saves
+    them below, so write-back costs no block a write-through would keep.
+    """
+
+    def __init__(self, keep: Iterable[bool]) -> None:  # per tier: whether it keeps any
+        self._held: list[set[bytes] | None] = [set() if k else None for k in keep]
+        self._lock = threading.Lock()
+
+    def mark(self, index: int, keys: Iterable[bytes], unsaved: bool) -> None:
+        held = self._held[index]
+        if held is None:
+            return
+        with self._lock:
+            if unsaved:
+                held.update(keys)
+            else:
+                held.difference_update(keys)
+
+    def take(self, index: int) -> list[bytes]:
+        """The keys tier ``index`` has unsaved, forgotten here as they are handed out."""
+        held = self._held[index]
+        if not held:
+            return []
+        with self._lock:
+            keys = list(held)
+            held.clear()
+        return keys
+
+
+class Traffic:
+    """The asynchronous writes between the tiers of one chain."""
+
+    def __init__(self, tiers: Sequence[Tier], backlog_bytes: int, emit: Emit) -> None:
+        self.tiers = tiers
+        self._emit = emit
+        self._writers = [
+            ThreadPoolExecutor(t.config.workers, thread_name_prefix=f"kvtier-{t.name}")
+            for t in self.tiers
+        ]
+        self._backlogs = [Backlog(backlog_bytes) for _ in self.tiers]
+        self.pending = Pending()
+        self.queued = Queued()  # blocks on their way down: readable meanwhile
+        self.unsaved = Unsaved(self._keeps_unsaved(i) for i in range(len(self.tiers)))
+
+    def _writes_through(self, index: int) -> bool:
+        return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "through"
+
+    def _writes_back(self, index: int) -> bool:
+        return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "back"
+
+    def _keeps_unsaved(self, index: int) -> bool:
+        return self._writes_back(index) and not self.tiers[index].capabilities.persistent
+
+    # settling writes --------------------------------------------------------------
+    def settle(
+        self,
+        index: int,
+        keys: Sequence[bytes],
+        flags: Sequence[bool],
+        evicted: Evicted,
+        kind: WriteKind,
+        frame_below: Callable[[int], BytesLike],
+        *,
+        trusted: bool,
+    ) -> None:
+        """Settle a finished write into tier ``index``: every write's results go here.
+
+        Marks what a RAM tier must save below at close, sends capacity
+        victims down, tells listeners, and writes what was stored through
+        to the tier below when its policy asks (``frame_below(j)`` is the
+        frame for ``keys[j]``).  Promoted copies go no further down: they
+        came from there.
+        """
+        stored = [j for j, flag in enumerate(flags) if flag]
+        if kind != "promote":
+            self.unsaved.mark(index, (keys[j] for j in stored), True)
+        self._handle_evicted(index, evicted)
+        self._emit("stored", index, (keys[j] for j in stored), kind)
+        if stored and kind != "promote" and self._writes_through(index):
+            self.submit(
+                index + 1, [keys[j] for j in stored], [frame_below(j) for j in stored],
+                "through", trusted=trusted,
+            )
+
+    def evicted_sink(self, index: int) -> Evicted:
+        """The list a put into tier ``index`` reports its capacity victims in."""
+        return DemotionSink(self.queued, index + 1) if self._writes_back(index) else []
+
+    def _handle_evicted(self, index: int, evicted: Evicted) -> None:
+        if not evicted:
+            return
+        self.unsaved.mark(index, (k for k, _ in evicted), False)
+        if self._writes_back(index):
+            self.queued.add(index + 1, evicted)
+            self.submit(
+                index + 1, [k for k, _ in evicted], [b for _, b in evicted], "demote"
+            )
+        self._emit("removed", index, (k for k, _ in evicted), "capacity")
+
+    # the writers ------------------------------------------------------------------
+    def submit(
+        self,
+        index: int,
+        keys: list[bytes],
+        blobs: list[BytesLike],
+        kind: WriteKind,
+        *,
+        trusted: bool = False,
+    ) -> bool:
+        """Queue framed blocks for tier ``index``; promotions never wait for room.
+
+        A block written through stays readable from the queue until it lands,
+        like a demotion: the tier above may evict it before then.
+        """
+        nbytes = sum(memoryview(b).nbytes for b in blobs)
+        if not self._backlogs[index].acquire(nbytes, block=kind != "promote"):
+            self.tiers[index].stats.add(dropped=len(keys))
+            return False
+        if kind == "through":
+            self.queued.add(index, zip(keys, blobs))
+        self.pending.start()
+        try:
+            self._writers[index].submit(self._write, index, keys, blobs, kind, trusted, nbytes)
+        except RuntimeError:  # executor shut down: the chain is closing
+            self._write_done(index, keys, blobs, nbytes)
+            return False
+        return True
+
+    def _write(
+        self,
+        index: int,
+        keys: list[bytes],
+        blobs: list[BytesLike],
+        kind: WriteKind,
+        trusted: bool,
+        nbytes: int,
+    ) -> None:
+        tier = self.tiers[index]
+        try:
+            flags, evicted = tier.put_blobs(
+                keys, blobs, self.evicted_sink(index), trusted=trusted
+            )
+            stored = sum(flags)
+            if kind == "demote":
+                tier.stats.add(demoted=stored)
+            elif kind == "promote":
+                tier.stats.add(promoted=stored)
+            if stored < len(flags) and not tier.healthy:
+                tier.stats.add(dropped=len(flags) - stored)
+            self.settle(index, keys, flags, evicted, kind, blobs.__getitem__, trusted=trusted)
+        except Exception:  # a bug here must not kill the worker silently
+            log.exception("kvtier: asynchronous %s write to tier %r failed", kind, tier.name)
+        finally:
+            self._write_done(index, keys, blobs, nbytes)
+
+    def _write_done(
+        self, index: int, keys: list[bytes], blobs: list[BytesLike], nbytes: int
+    ) -> None:
+        self.queued.landed(index, keys, blobs)
+        self._backlogs[index].release(nbytes)
+        self.pending.done()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued asynchronous write (through, demotion, promotion) is done."""
+        return self.pending.wait(timeout)
+
+    # closing ----------------------------------------------------------------------
+    def save_unsaved(self) -> None:
+        """At close: copy what RAM tiers hold and their write-back tiers lack down to them.
+
+        Top down, so a block saved into a tier that is itself unsaved moves on.
+        """
+        for index in range(len(self.tiers)):
+            keys = self.unsaved.take(index)
+            if not keys:
+                continue
+            below = self.tiers[index + 1]
+            for start in range(0, len(keys), 64):  # bounded memory: 64 blobs at a time
+                part = keys[start : start + 64]
+                found = self.tiers[index].get_blobs(part)
+                pairs = [(k, b) for k, b in zip(part, found) if b is not None]
+                if not pairs:
+                    continue
+                flags, evicted = below.put_blobs(
+                    [k for k, _ in pairs], [b for _, b in pairs], self.evicted_sink(index + 1)
+                )
+                self._handle_evicted(index + 1, evicted)
+                saved = [k for (k, _), flag in zip(pairs, flags) if flag]
+                below.stats.add(demoted=len(saved))
+                self.unsaved.mark(index + 1, saved, True)
+
+    def shutdown(self) -> None:
+        """Stop the writers once what they run has finished."""
+        for writer in self._writers:
+            writer.shutdown(wait=True)
