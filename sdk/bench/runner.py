@@ -10,9 +10,11 @@ does with no kvtier at all:
 * ``fs`` (local paths): plain Python ``open``/``write`` of a temp file and
   ``rename`` into place, ``readinto`` back, one file per block in a directory
   beside the tier's, with the tier's ``fsync``; reads also with ``O_DIRECT``.
-  A read is timed once with the files of both sides in the page cache (each
-  read through it once, untimed: a tier writing with ``O_DIRECT`` leaves
-  nothing there) and once after both were dropped from it;
+  A read is timed once with the files of both sides in the page cache, put
+  there the same way (dropped, then read once, untimed: a tier writing with
+  ``O_DIRECT`` leaves nothing there, and files cached by their write read
+  back faster than files cached by a read), and once after both were
+  dropped from it;
 * ``object``: ``obstore.put``/``obstore.get`` against the same bucket, one
   request at a time and ``concurrency`` at a time;
 * ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
