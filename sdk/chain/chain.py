@@ -234,11 +234,16 @@ class Chain:
         misses = set(self._walk(range(len(keys)), step))
         return [i not in misses for i in range(len(keys))]
 
-    def put_blobs(self, keys: Sequence[bytes], blobs: Sequence[BytesLike]) -> list[bool]:
+    def put_blobs(
+        self, keys: Sequence[bytes], blobs: Sequence[BytesLike], *, verify: bool = True
+    ) -> list[bool]:
         """Store framed blocks (made by another chain of the same namespace).
 
         Each blob's header must match this chain's namespace and the key, or
-        it is refused (False).  Tiers below follow their write policies.
+        it is refused (False).  With ``verify`` false, payload checksums are
+        not checked here but left to the reads (each tier checks what it
+        reads, unless configured not to); a blob that is ``bytes`` is then
+        stored without a copy.  Tiers below follow their write policies.
         """
         self._check_open()
         keys = _check_keys(keys)
@@ -247,11 +252,13 @@ class Chain:
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
-            flags, evicted = tier.put_blobs(sub_keys, sub_blobs, self._traffic.evicted_sink(index))
+            flags, evicted = tier.put_blobs(
+                sub_keys, sub_blobs, self._traffic.evicted_sink(index), trusted=not verify
+            )
             # a copy for the queue: the caller may reuse its buffers
             self._traffic.settle(
                 index, sub_keys, flags, evicted, "put", lambda j: bytes(sub_blobs[j]),
-                trusted=False,
+                trusted=not verify,
             )
             return flags
 

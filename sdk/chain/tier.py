@@ -202,9 +202,10 @@ class Tier:
     ) -> tuple[list[bool], Evicted]:
         """Store already framed blocks, re-encoding those whose codec differs from the tier's.
 
-        A ``trusted`` frame was made by this process from a checked payload
-        microseconds ago: its header is still parsed (its codec decides
-        whether to re-encode), but its payload is not checksummed again.
+        A ``trusted`` frame is one whose payload needs no checksum here: made
+        by this process from a checked payload microseconds ago, or one the
+        caller leaves to be checked when it is read.  Its header is still
+        parsed and checked (its codec decides whether to re-encode).
         """
         evicted = [] if evicted is None else evicted
         if not keys:

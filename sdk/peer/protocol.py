@@ -61,7 +61,7 @@ from typing import Any
 
 import msgpack
 
-from kvtier.peer._sockio import recv_exact, send_buffers, skip, tune, wait_io
+from kvtier.peer._sockio import recv_blocks, recv_exact, send_buffers, skip, tune, wait_io
 from kvtier.spec import (
     MAX_KEY_SIZE,
     BytesLike,
@@ -85,6 +85,7 @@ __all__ = [
     "frame",
     "parse_address",
     "parse_message",
+    "recv_blocks",
     "recv_exact",
     "send_buffers",
     "server_handshake",

@@ -4,9 +4,11 @@ Another node's chain reaches this one through a tier with ``backend: peer``
 (:mod:`kvtier.backends.peer`).  Blocks travel framed exactly as the client's
 chain framed them (namespace fingerprint, key, checksum), and this server
 stores and returns them opaquely through :meth:`Chain.put_blobs` and
-:meth:`Chain.get_blobs`, and the client checks every block again: a faulty
-server (bit rot, a bug, another namespace or key) can lose blocks but not hand
-over wrong KV undetected.  The xxh3 checksum is no MAC, though: a *malicious*
+:meth:`Chain.get_blobs`.  A put's headers are checked on arrival; payload
+checksums are checked where blocks are read: by this server's tiers when they
+read them, and by the client on every block it receives.  So a faulty server
+or network (bit rot, a bug, another namespace or key) can lose blocks but not
+hand over wrong KV undetected.  The xxh3 checksum is no MAC, though: a *malicious*
 server, or anyone able to tamper with the unencrypted traffic, could forge a
 block that passes, so peers must be trusted machines on a trusted network.
 
@@ -18,9 +20,10 @@ beyond that.  Note that each namespace's chain has its own tiers, so a
 only its RAM tier held: give served chains ``write: through`` below RAM.
 
 The data path uses threads and plain non-blocking sockets polled with a
-deadline, receiving straight into buffers with ``recv_into`` and sending
-with ``sendmsg`` gather lists: measured on loopback, that reaches several
-GB/s where asyncio streams reached well under one.  One thread serves one
+deadline, receiving each block of a put with one ``recv`` into the object
+the store keeps (:func:`~kvtier.peer.protocol.recv_blocks`) and sending with
+``sendmsg`` gather lists: measured on loopback, that reaches several GB/s
+where asyncio streams reached well under one.  One thread serves one
 connection, so a connection's replies come in request order.
 
 Listening beyond loopback requires a shared secret (``--secret-file`` or
@@ -80,10 +83,8 @@ FRAME_TIMEOUT = 60.0
 IDLE_POLL = 0.25
 #: After SIGTERM, requests already on the wire are still answered for this long.
 DRAIN_GRACE = 10.0
-#: Bytes of PUT payloads all connections together may hold at once ...
+#: Bytes of PUT payloads all connections together may be receiving at once.
 PAYLOAD_MEMORY = 1 << 30
-#: ... and how much of it is kept for reuse when idle.
-PAYLOAD_KEEP = 512 << 20
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -132,39 +133,25 @@ def _readable(sock: socket.socket, timeout: float) -> bool:
     return bool(poller.poll(int(timeout * 1000)))
 
 
-class _Buffers:
-    """PUT payload buffers: bytes in use are bounded, freed buffers are kept for reuse.
+class _Budget:
+    """Bytes of PUT payloads being received, all connections together: bounded, so
+    that 256 connections cannot each hold 256 MiB at once."""
 
-    Bounded so that 256 connections cannot each hold 256 MiB; reused because
-    a fresh 128 MiB ``bytearray`` costs page faults on the order of receiving
-    128 MiB over loopback.
-    """
-
-    def __init__(self, limit: int, keep: int) -> None:
-        self.limit, self.keep = limit, keep
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.used = 0
-        self.idle: list[bytearray] = []
         self.cond = threading.Condition()
 
-    def take(self, nbytes: int, deadline: float) -> bytearray:
+    def take(self, nbytes: int, deadline: float) -> None:
         with self.cond:
             while self.used and self.used + nbytes > self.limit:
                 if not self.cond.wait(deadline - time.monotonic()):
                     raise TimeoutError("payload memory exhausted")
             self.used += nbytes
-            fits = [b for b in self.idle if len(b) >= nbytes]
-            if fits:
-                buffer = min(fits, key=len)
-                self.idle.remove(buffer)
-                return buffer
-        return bytearray(-(-nbytes // (1 << 20)) << 20)  # whole MiB: reusable for more sizes
 
-    def give(self, buffer: bytearray, nbytes: int) -> None:
+    def give(self, nbytes: int) -> None:
         with self.cond:
             self.used -= nbytes
-            self.idle.append(buffer)
-            while sum(len(b) for b in self.idle) > self.keep:
-                self.idle.pop(0)  # the oldest goes first
             self.cond.notify_all()
 
 
@@ -260,7 +247,7 @@ class PeerServer:
         self._max_payload = max_payload
         self._max_connections = max_connections
         self._namespaces = _Namespaces(config, registry, max_namespaces)
-        self._buffers = _Buffers(max(PAYLOAD_MEMORY, max_payload), PAYLOAD_KEEP)
+        self._budget = _Budget(max(PAYLOAD_MEMORY, max_payload))
         self._stopping = threading.Event()
         self._stop_time = 0.0
         self._listener: socket.socket | None = None
@@ -433,15 +420,11 @@ class PeerServer:
                 raise ProtocolError(f"expected a request, got {type(request).__name__}")
             kind = pp.NAMES[request.kind]
             blobs: list[BytesLike] = []
-            buffer = self._buffers.take(payload_len, deadline) if payload_len else None
+            if payload_len:  # only a PUT has one
+                self._budget.take(payload_len, deadline)
             try:
-                if buffer is not None:
-                    view = memoryview(buffer)[:payload_len]
-                    pp.recv_exact(sock, view, deadline)
-                    offset = 0
-                    for size in request.sizes:
-                        blobs.append(view[offset : offset + size])
-                        offset += size
+                if payload_len:
+                    blobs.extend(pp.recv_blocks(sock, request.sizes, deadline))
                 try:
                     parts = self._answer(request, chain, blobs, limit)
                 except Exception as exc:  # chains turn backend faults into misses: a bug
@@ -449,9 +432,9 @@ class PeerServer:
                     self._count(errors=1)
                     parts = [pp.error_frame(request.rid, "internal", f"{kind} failed: {exc!r}")]
             finally:
-                blobs.clear()  # the chain copied what it keeps: the buffer can be reused
-                if buffer is not None:
-                    self._buffers.give(buffer, payload_len)
+                blobs.clear()  # what the chain keeps, it holds itself
+                if payload_len:
+                    self._budget.give(payload_len)
             sent = pp.send_buffers(sock, parts, time.monotonic() + FRAME_TIMEOUT)
             self._count(kind, requests=1, bytes_in=payload_len, bytes_out=sent)
 
@@ -463,7 +446,7 @@ class PeerServer:
         if request.kind == pp.GET:
             return self._get(rid, chain, keys, limit)
         if request.kind == pp.PUT:
-            flags = chain.put_blobs(keys, blobs)
+            flags = chain.put_blobs(keys, blobs, verify=False)  # checked where read
         elif request.kind == pp.LOOKUP:
             flags = [where is not None for where in chain.lookup(keys)]
         elif request.kind == pp.EVICT:

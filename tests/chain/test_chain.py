@@ -346,6 +346,29 @@ def test_chain_stats_have_the_documented_fields(tmp_path: Path) -> None:
         assert disk["misses"] == 1
 
 
+def test_blobs_put_unverified_are_checked_when_read() -> None:
+    """``put_blobs(verify=False)``, as ``kvtier serve`` stores a client's blocks: the
+    header is still checked on the way in, the payload's checksum when it is read."""
+    config = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}]}
+    with open_chain(config, namespace=NS) as source:
+        source.put([key(0), key(1)], [block(0), block(1)])
+        good, rotten = source.tiers[0].get_blobs([key(0), key(1)])
+    assert good is not None and rotten is not None
+    damaged = bytearray(rotten)
+    damaged[-1] ^= 0x40  # the payload's last byte
+    with open_chain(config, namespace=NS) as server:
+        assert server.put_blobs([key(1)], [bytes(damaged)]) == [False]  # checked by default
+        stored = server.put_blobs([key(0), key(1), key(2)], [good, bytes(damaged), good],
+                                  verify=False)
+        assert stored == [True, True, False]  # the last names another key
+        kept = server.tiers[0].handle.get([key(0)])[0]
+        assert kept is good  # bytes are stored as they came, not copied
+        # refused on the way in: the damaged payload checked, and the wrong key
+        assert server.stats()["tiers"][0]["corrupt"] == 2
+        assert read(server, [key(0), key(1)]) == [block(0), None]
+        assert server.stats()["tiers"][0]["corrupt"] == 3  # the damage, found by the read
+
+
 def test_blobs_move_between_chains_of_one_namespace(tmp_path: Path) -> None:
     """What `kvtier serve` does: framed blocks pass through a chain that knows only the hex."""
     source_cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}]}
