@@ -75,27 +75,35 @@ class MemcpyRaw(Raw):
 
 
 class FileRaw(Raw):
-    """One file per block; ``direct`` reads with O_DIRECT through an aligned buffer."""
+    """One file per block; ``direct`` writes and reads with O_DIRECT through an aligned
+    buffer (the blocks are ``bytes``, which O_DIRECT cannot take as they are)."""
 
     def __init__(self, root: Path, fsync: bool, direct: bool = False) -> None:
         self.root, self.fsync, self.direct = root, fsync, direct
         self.label = "file I/O O_DIRECT" if direct else "file I/O"
         self.reports = ("put", "get", "get-uncached")
-        if direct:
-            self.reports = ("get", "get-uncached")  # it writes as the plain one does
         self.scratch: memoryview | None = None
         root.mkdir(parents=True, exist_ok=True)
+
+    def _aligned(self, size: int) -> memoryview:
+        aligned = -(-size // 4096) * 4096
+        if self.scratch is None or self.scratch.nbytes < aligned:
+            self.scratch = memoryview(mmap.mmap(-1, aligned))  # page aligned, as O_DIRECT wants
+        return self.scratch[:aligned]
 
     def put(self, names: list[str], blocks: list[memoryview]) -> None:
         # a temp file renamed into place: the least any store that readers may
         # share while it writes must do, so that no one reads half a block
         for name, block in zip(names, blocks):
             tmp = self.root / f".tmp-{name}"
-            with open(tmp, "wb") as f:
-                f.write(block)
-                if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
+            if self.direct:
+                self._put_direct(tmp, block)
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(block)
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
             os.rename(tmp, self.root / name)
         if self.fsync:
             fd = os.open(self.root, os.O_RDONLY)
@@ -103,6 +111,21 @@ class FileRaw(Raw):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def _put_direct(self, tmp: Path, block: memoryview) -> None:
+        size = block.nbytes
+        view = self._aligned(size)
+        view[:size] = block
+        view[size:] = bytes(view.nbytes - size)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0))
+        try:
+            os.write(fd, view)
+            if view.nbytes != size:
+                os.ftruncate(fd, size)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def get(self, names: list[str], outs: list[memoryview]) -> None:
         if self.direct:
@@ -113,11 +136,7 @@ class FileRaw(Raw):
                 f.readinto(out)
 
     def _get_direct(self, names: list[str], outs: list[memoryview]) -> None:
-        size = outs[0].nbytes
-        aligned = -(-size // 4096) * 4096
-        if self.scratch is None or self.scratch.nbytes < aligned:
-            self.scratch = memoryview(mmap.mmap(-1, aligned))  # page aligned, as O_DIRECT wants
-        view = self.scratch[:aligned]
+        view = self._aligned(outs[0].nbytes)
         for name, out in zip(names, outs):
             fd = os.open(self.root / name, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
             try:

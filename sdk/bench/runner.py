@@ -9,7 +9,8 @@ does with no kvtier at all:
 * ``host``: ``memcpy`` into preallocated buffers;
 * ``fs`` (local paths): plain Python ``open``/``write`` of a temp file and
   ``rename`` into place, ``readinto`` back, one file per block in a directory
-  beside the tier's, with the tier's ``fsync``; reads also with ``O_DIRECT``.
+  beside the tier's, with the tier's ``fsync``; for a tier with
+  ``direct_io``, also written and read with ``O_DIRECT``.
   A read is timed once with the files of both sides in the page cache, put
   there the same way (dropped, then read once, untimed: a tier writing with
   ``O_DIRECT`` leaves nothing there, and files cached by their write read
