@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fs_blocks import store_of
 
 from kvtier import Namespace, open_chain
 from kvtier.backends import _fsdirect
 from kvtier.backends._fsdirect import DIRECT_MIN
-from kvtier.backends._fslocal import LocalStore
 from kvtier.block.framing import ALIGN, ALIGN_MIN
 from kvtier.plugins.registry import BackendHandle, default_registry
 
@@ -46,12 +46,6 @@ def open_fs(root: Path, handles: list[BackendHandle], **over: Any) -> BackendHan
     handle.open(options, NS)
     handles.append(handle)
     return handle
-
-
-def store_of(handle: BackendHandle) -> LocalStore:
-    store = handle.instance._store
-    assert isinstance(store, LocalStore)
-    return store
 
 
 def scatter_lists(sizes: list[int]) -> tuple[list[bytearray], list[list[memoryview]]]:

@@ -6,48 +6,19 @@ import errno
 import fcntl
 import mmap
 import os
-import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_blocks import Opener, blob, store_of
 
 from kvtier import Namespace, open_chain
 from kvtier.backends import _fsdirect
 from kvtier.backends._fsdirect import DIRECT_MIN
-from kvtier.backends._fslocal import LocalStore
 from kvtier.block.framing import ALIGN
-from kvtier.plugins.registry import BackendHandle, default_registry
 
-NS = "00112233445566778899aabbccddeeff"
 #: Around the direct threshold and the 4 KiB alignment, and whole aligned chunks.
 SIZES = (DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, (1 << 20) + 13, 2 << 20, 3 * 4096 * 100 - 7)
-
-
-def blob(size: int, seed: int) -> bytes:
-    return random.Random(seed * 104729 + size).randbytes(size)
-
-
-@pytest.fixture
-def handles() -> Iterator[list[BackendHandle]]:
-    opened: list[BackendHandle] = []
-    yield opened
-    for handle in opened:
-        handle.close()
-
-
-def open_fs(root: Path, handles: list[BackendHandle], **over: Any) -> BackendHandle:
-    handle = default_registry().create("fs")
-    handle.open({"url": f"file://{root}", "io_threads": 4, **over}, NS)
-    handles.append(handle)
-    return handle
-
-
-def store_of(handle: BackendHandle) -> LocalStore:
-    store = handle.instance._store
-    assert isinstance(store, LocalStore)
-    return store
 
 
 class WriteLog:
@@ -78,9 +49,9 @@ def aligned_copy(data: bytes) -> memoryview:
 
 
 def test_large_blocks_are_written_direct_and_exact(
-    tmp_path: Path, handles: list[BackendHandle], monkeypatch: pytest.MonkeyPatch
+    local_url: str, opener: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tier = open_fs(tmp_path / "store", handles)
+    tier = opener(local_url)
     store = store_of(tier)
     if store.direct_min == 0:
         pytest.skip("the backend did not enable O_DIRECT here")
@@ -102,10 +73,8 @@ def test_large_blocks_are_written_direct_and_exact(
         assert path.read_bytes() == bytes(head) + bytes(payload)
 
 
-def test_direct_writes_leave_the_page_cache_alone(
-    tmp_path: Path, handles: list[BackendHandle]
-) -> None:
-    tier = open_fs(tmp_path / "store", handles)
+def test_direct_writes_leave_the_page_cache_alone(local_url: str, opener: Opener) -> None:
+    tier = opener(local_url)
     store = store_of(tier)
     if store.direct_min == 0:
         pytest.skip("the backend did not enable O_DIRECT here")
@@ -125,9 +94,9 @@ def test_direct_writes_leave_the_page_cache_alone(
 
 
 def test_direct_io_off_writes_through_the_page_cache(
-    tmp_path: Path, handles: list[BackendHandle], monkeypatch: pytest.MonkeyPatch
+    local_url: str, opener: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tier = open_fs(tmp_path / "store", handles, direct_io=False)
+    tier = opener(local_url, direct_io=False)
     log = WriteLog(monkeypatch)
     data = blob(2 << 20, 8)
     assert list(tier.put([b"k"], [data], [])) == [True]
@@ -137,7 +106,7 @@ def test_direct_io_off_writes_through_the_page_cache(
 
 
 def test_a_filesystem_refusing_direct_writes_gets_buffered_ones(
-    tmp_path: Path, handles: list[BackendHandle], monkeypatch: pytest.MonkeyPatch
+    local_url: str, opener: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_pwritev = os.pwritev
     refused = []
@@ -149,7 +118,7 @@ def test_a_filesystem_refusing_direct_writes_gets_buffered_ones(
         return real_pwritev(fd, buffers, offset, flags)
 
     monkeypatch.setattr(os, "pwritev", pwritev_refusing_direct)
-    tier = open_fs(tmp_path / "store", handles, io_threads=1)
+    tier = opener(local_url, io_threads=1)
     if store_of(tier).direct_min == 0:
         pytest.skip("the backend did not enable O_DIRECT here")
     blocks = [blob(2 << 20, 9), blob(DIRECT_MIN + 5, 10)]

@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from kvtier.backends._fslocal import LocalStore
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import BytesLike
 
@@ -47,3 +48,10 @@ def files_under(url: str) -> list[str]:
 
 def as_bytes(data: BytesLike | None) -> bytes | None:
     return None if data is None else bytes(data)
+
+
+def store_of(handle: BackendHandle) -> LocalStore:
+    """The local store under an open ``fs`` backend (to find its files, or its settings)."""
+    store = handle.instance._store
+    assert isinstance(store, LocalStore)
+    return store
