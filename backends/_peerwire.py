@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.peer import protocol as pp
-from kvtier.spec import BytesLike, ProtocolError, RefusedError
+from kvtier.spec import BytesLike, KvtierError, ProtocolError, RefusedError
 
 __all__ = [
     "BACKOFF_FIRST",
@@ -46,8 +46,9 @@ BACKOFF_MAX = 10.0
 HEADER_BUDGET = pp.MAX_HEADER - 1024
 
 
-class PeerDown(ConnectionError):
-    """The peer cannot be reached now (or is in its back-off)."""
+class PeerDown(KvtierError, ConnectionError):
+    """The peer cannot be reached now (or is in its back-off).  Never leaves the
+    backend: a round turns it into that peer's failure, like any ``OSError``."""
 
 
 class Payload:
