@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_pool import engine_env
 from vllm_chain import REPO, damage_blocks, host_tier, write_yaml
 
 from kvtier.chain.catalog import CATALOG_HEX
@@ -46,21 +46,6 @@ CACHED = 128
 
 
 # --------------------------------------------------------------------------- engine runs
-
-
-def runner_env(multiprocess: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    })
-    return env
 
 
 class Run:
@@ -87,7 +72,7 @@ class Run:
         with open(self.log, "w") as stderr:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=stderr, text=True, cwd=tmp,
-                                         env=runner_env(multiprocess))
+                                         env=engine_env(multiprocess))
         self.lines: list[str] = []
         self._seen = 0  # lines already searched by until()
         self._cond = threading.Condition()
@@ -162,7 +147,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.skip("vLLM is not installed")
     out = tmp_path_factory.mktemp("model") / "tiny-llama"
     subprocess.run([sys.executable, str(SUPPORT / "make_tiny_llama.py"), str(out)], check=True,
-                   capture_output=True, env=runner_env(False))
+                   capture_output=True, env=engine_env(False))
     return str(out)
 
 

@@ -9,42 +9,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from vllm_chain import SpecStub
 
 ROW = 4096
-
-
-class EventsSpec:
-    """What a secondary tier reads from vLLM's offloading spec, KV events on."""
-
-    def __init__(self, events: bool) -> None:
-        from vllm.v1.kv_offload.config import (
-            OffloadingCacheConfig,
-            OffloadingConfig,
-            OffloadingGroupConfig,
-            OffloadingModelConfig,
-            OffloadingParallelConfig,
-        )
-
-        self.config = OffloadingConfig(
-            groups=(OffloadingGroupConfig(32, ("layers.0.attn",), 0),),
-            worker_kv_bytes_per_block=ROW, enable_kv_cache_events=events, extra_config={},
-            engine_id="test", model=OffloadingModelConfig(name="tiny", dtype="float32"),
-            cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
-            parallel=OffloadingParallelConfig(
-                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-                is_parallelism_agnostic=True,
-            ),
-        )
-        self.kv_events_config = SimpleNamespace(enable_kv_cache_events=events)
-        self.cpu_page_size_per_worker = ROW
-        self.replicated_layout = False
 
 
 def make_tier(tmp_path: Path, chain: list[dict[str, Any]], events: bool = True) -> Any:
@@ -56,7 +28,8 @@ def make_tier(tmp_path: Path, chain: list[dict[str, Any]], events: bool = True) 
     region = np.zeros((8, ROW), dtype=np.uint8)
     for c in range(8):
         region[c] = c + 1
-    return KvtierTier(EventsSpec(events), memoryview(region), "KvtierTier", config=str(path))
+    return KvtierTier(SpecStub(ROW, events=events), memoryview(region), "KvtierTier",
+                      config=str(path))
 
 
 def store(tier: Any, job_id: int, key: bytes) -> None:

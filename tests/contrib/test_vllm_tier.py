@@ -12,44 +12,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from vllm_chain import damage_blocks, host_tier, write_yaml
+from vllm_chain import SpecStub, damage_blocks, host_tier, write_yaml
 
 from kvtier.spec import BackendError, ConfigError, hookimpl
 
 # --------------------------------------------------------------------------- tier
 
 
-class FakeSpec:
-    """What a secondary tier reads from vLLM's offloading spec."""
-
-    def __init__(self, row: int) -> None:
-        from vllm.v1.kv_offload.config import (
-            OffloadingCacheConfig,
-            OffloadingConfig,
-            OffloadingGroupConfig,
-            OffloadingModelConfig,
-            OffloadingParallelConfig,
-        )
-
-        self.config = OffloadingConfig(
-            groups=(OffloadingGroupConfig(32, ("layers.0.attn", "layers.1.attn"), 0),),
-            worker_kv_bytes_per_block=row,
-            enable_kv_cache_events=False,
-            extra_config={},
-            engine_id="test",
-            model=OffloadingModelConfig(name="tiny", dtype="float32"),
-            cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
-            parallel=OffloadingParallelConfig(
-                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-                is_parallelism_agnostic=True,
-            ),
-        )
-        self.cpu_page_size_per_worker = row
-        self.replicated_layout = False
-
-
 ROW = 4096
+
+
+def spec() -> SpecStub:
+    """vLLM's offloading spec as the tier reads it: one group of two layers, 4 KiB rows."""
+    return SpecStub(ROW, ("layers.0.attn", "layers.1.attn"))
 
 
 @pytest.fixture
@@ -63,7 +38,7 @@ def tier_factory(tmp_path: Path) -> Iterator[Any]:
         config = write_yaml(tmp_path / "tiers.yaml", [host_tier(), {
             "name": "disk", "backend": "fs", "url": str(tmp_path / "store")}])
         region = np.zeros((chunks, ROW), dtype=np.uint8)
-        tier = KvtierTier(FakeSpec(ROW), memoryview(region), "KvtierTier",
+        tier = KvtierTier(spec(), memoryview(region), "KvtierTier",
                           config=str(config), **kwargs)
         tiers.append(tier)
         return tier, region
@@ -261,7 +236,7 @@ def test_tier_starts_without_unreachable_storage_and_connects_later(tmp_path: Pa
     config = write_yaml(tmp_path / "t.yaml", [host_tier(),
                                               {"name": "far", "backend": "vllm-test-offline"}])
     region = np.ones((4, ROW), np.uint8)
-    tier = KvtierTier(FakeSpec(ROW), memoryview(region), "KvtierTier", config=str(config),
+    tier = KvtierTier(spec(), memoryview(region), "KvtierTier", config=str(config),
                       reopen_interval=0.0)
     try:
         key = b"o" * 36
@@ -287,5 +262,5 @@ def test_tier_refuses_a_host_only_chain(tmp_path: Path) -> None:
 
     config = write_yaml(tmp_path / "t.yaml", [host_tier()])
     with pytest.raises(ConfigError, match="only a host tier"):
-        KvtierTier(FakeSpec(ROW), memoryview(np.zeros((2, ROW), np.uint8)), "KvtierTier",
+        KvtierTier(spec(), memoryview(np.zeros((2, ROW), np.uint8)), "KvtierTier",
                    config=str(config))

@@ -42,13 +42,14 @@ def _script(name: str) -> Path:
     raise FileNotFoundError(name)
 
 
-def engine_env() -> dict[str, str]:
-    """vLLM on the CPU, in this process's engine, offline, telemetry off."""
+def engine_env(multiprocess: bool = False) -> dict[str, str]:
+    """vLLM on the CPU, offline, telemetry off; the engine in the runner's own process
+    unless ``multiprocess`` (then the chain's stats do not come back with the result)."""
     env = dict(os.environ)
     env.update({
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the chain's stats come back with the result
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",

@@ -1,4 +1,5 @@
-"""Chain files and damaged blocks for the vLLM tests (``tests/contrib/test_vllm_*.py``).
+"""Chain files, damaged blocks and vLLM's offloading spec for the vLLM tests
+(``tests/contrib/test_vllm_*.py``).
 
 The host tier here is what vLLM's own CPU tier is sized from; the blocks
 :func:`damage_blocks` spoils are the ones the tier must reject and replace.
@@ -6,7 +7,9 @@ The host tier here is what vLLM's own CPU tier is sized from; the blocks
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -40,3 +43,33 @@ def damage_blocks(root: Path) -> int:
         path.write_bytes(bytes(data))
         count += 1
     return count
+
+
+class SpecStub:
+    """What a secondary tier reads from vLLM's offloading spec: rows of ``row`` bytes,
+    the attention ``layers`` of one group, and whether vLLM's KV events are on."""
+
+    def __init__(self, row: int, layers: Sequence[str] = ("layers.0.attn",),
+                 events: bool = False) -> None:
+        from vllm.v1.kv_offload.config import (
+            OffloadingCacheConfig,
+            OffloadingConfig,
+            OffloadingGroupConfig,
+            OffloadingModelConfig,
+            OffloadingParallelConfig,
+        )
+
+        self.config = OffloadingConfig(
+            groups=(OffloadingGroupConfig(32, tuple(layers), 0),),
+            worker_kv_bytes_per_block=row, enable_kv_cache_events=events, extra_config={},
+            engine_id="test", model=OffloadingModelConfig(name="tiny", dtype="float32"),
+            cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
+            parallel=OffloadingParallelConfig(
+                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                is_parallelism_agnostic=True,
+            ),
+        )
+        self.kv_events_config = SimpleNamespace(enable_kv_cache_events=events)
+        self.cpu_page_size_per_worker = row
+        self.replicated_layout = False
