@@ -57,6 +57,12 @@ def recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
         got += n
 
 
+#: How long a block taken whole may keep the reader waiting for its last bytes
+#: before the rest of the request is read in pieces (a receive window smaller
+#: than the block would otherwise never let it arrive whole).
+WHOLE_WAIT = 0.25
+
+
 def recv_blocks(
     sock: socket.socket, sizes: list[int], deadline: float
 ) -> list[bytes | bytearray]:
@@ -67,44 +73,68 @@ def recv_blocks(
     ``bytes`` once the socket holds all of it: ``SO_RCVLOWAT`` makes poll
     wait for that.  Receiving a batch into one buffer and copying each block
     out of it cost ``kvtier serve`` a copy per block (16 x 2 MiB puts at
-    0.50x of a plain socket).  Where the kernel caps the low-water mark
-    below a block's size (half the receive buffer), that block arrives in
-    pieces, into a ``bytearray``.
+    0.50x of a plain socket).  The sender can only get as much in flight as
+    the receive window, about half the receive buffer, so only blocks of up
+    to a third of the buffer are waited for whole; larger ones, and every
+    block after one that did not arrive whole within :data:`WHOLE_WAIT`,
+    arrive in pieces, into a ``bytearray``.
     """
+    whole_max = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 3
     blocks: list[bytes | bytearray] = []
     lowat = 1
     try:
         for size in sizes:
-            if size != lowat:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(size, 1))
-                    lowat = size
-            blocks.append(_recv_block(sock, size, deadline))
+            data, tried = b"", False
+            if 0 < size <= whole_max:
+                if lowat != size:
+                    lowat = size if _set_lowat(sock, size) else 1
+                if lowat == size:
+                    data, tried = _recv_whole(sock, size, deadline), True
+            if len(data) == size:
+                blocks.append(data)
+                continue
+            if tried:  # it did not come whole in time: nor will the rest
+                whole_max = 0
+            if lowat != 1:  # pieces must not wait for a mark they may never reach
+                lowat = 1 if _set_lowat(sock, 1) else lowat
+            blocks.append(_recv_rest(sock, data, size, deadline))
     finally:
         if lowat != 1:
-            with contextlib.suppress(OSError):  # later reads must not wait for more
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            _set_lowat(sock, 1)  # the next frame head is read as it comes
     return blocks
 
 
-def _recv_block(sock: socket.socket, size: int, deadline: float) -> bytes | bytearray:
-    if not size:
-        return b""
-    while True:
+def _set_lowat(sock: socket.socket, size: int) -> bool:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+    except OSError:
+        return False
+    return True
+
+
+def _recv_whole(sock: socket.socket, size: int, deadline: float) -> bytes:
+    """The block in one ``recv`` once the socket holds all of it; what has come
+    (possibly nothing) if it has not within :data:`WHOLE_WAIT`."""
+    try:
         # poll first: it waits for the low-water mark, a non-blocking recv does not
-        wait_io(sock, False, deadline)
-        try:
-            data = sock.recv(size)
-            break
-        except (BlockingIOError, InterruptedError):
-            continue
+        wait_io(sock, False, min(deadline, time.monotonic() + WHOLE_WAIT))
+    except TimeoutError:
+        if time.monotonic() >= deadline:
+            raise
+    try:
+        data = sock.recv(size)
+    except (BlockingIOError, InterruptedError):
+        return b""
     if not data:
         raise ConnectionClosedError(f"connection closed by peer after 0 of {size} bytes", 0)
-    if len(data) == size:
-        return data
+    return data
+
+
+def _recv_rest(sock: socket.socket, head: bytes, size: int, deadline: float) -> bytearray:
+    """A block of ``size`` bytes whose first ``head`` came already, read in pieces."""
     block = bytearray(size)
-    block[: len(data)] = data
-    recv_exact(sock, memoryview(block)[len(data) :], deadline)
+    block[: len(head)] = head
+    recv_exact(sock, memoryview(block)[len(head) :], deadline)
     return block
 
 
