@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from kvtier.block.framing import Frame
 from kvtier.spec import BytesLike
 
 __all__ = [
@@ -46,6 +47,8 @@ def nbytes(block: BytesLike) -> int:
 
 
 def parts_nbytes(parts: Sequence[BytesLike]) -> int:
+    if isinstance(parts, Frame):
+        return parts.nbytes  # known before its header, and the checksum, is made
     return sum(nbytes(part) for part in parts)
 
 

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +83,7 @@ class Conn:
         self.broken: str | None = None
         self.reader = pp.FrameReader()  # used only by the thread whose turn it is
 
-    def send(self, header: dict[str, Any], parts: Sequence[BytesLike], payload_len: int,
+    def send(self, header: dict[str, Any], parts: Iterable[BytesLike], payload_len: int,
              deadline: float) -> tuple[int, bool, int]:
         """Write one request; returns its id, whether it was pipelined, bytes sent."""
         if not self.send_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -97,8 +97,8 @@ class Conn:
                 self.queue.append(rid)  # under send_lock: queue order is wire order
             header["id"] = rid
             try:
-                sent = pp.send_buffers(self.sock, [pp.frame(header, payload_len), *parts],
-                                       deadline)
+                head = pp.frame(header, payload_len)
+                sent = pp.send_buffers(self.sock, itertools.chain((head,), parts), deadline)
             except BaseException as exc:
                 self.fail(f"send failed: {exc!r}")  # a partial frame desynchronises the stream
                 raise

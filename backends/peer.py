@@ -111,7 +111,7 @@ class _Call:
     peer: Peer
     indices: list[int]
     header: dict[str, Any]
-    parts: list[BytesLike] = field(default_factory=list)
+    parts: Iterable[BytesLike] = ()  # taken as they are sent: see framing.Frame
     payload_len: int = 0
     conn: Conn | None = None
     rid: int = 0
@@ -262,7 +262,7 @@ class PeerBackend:
         def build(peer: Peer, chunk: list[int]) -> _Call:
             return _Call(peer, chunk, {"t": pp.PUT, "k": [keys[i] for i in chunk],
                                        "s": [sizes[i] for i in chunk]},
-                         [p for i in chunk for p in parts[i]], sum(sizes[i] for i in chunk))
+                         (p for i in chunk for p in parts[i]), sum(sizes[i] for i in chunk))
 
         self._dispatch("put", keys, fits, build, self._flags_into(stored), sizes)
         return stored
@@ -425,7 +425,7 @@ class PeerBackend:
                     call = build(peer, chunk)
                     call.rid, pipelined, sent = conn.send(call.header, call.parts,
                                                           call.payload_len, run.deadline)
-                    call.parts, call.conn = [], conn
+                    call.parts, call.conn = (), conn
                     run.calls.append(call)
                     self._count(requests=1, bytes_sent=sent, pipelined=int(pipelined))
                     with peer.lock:

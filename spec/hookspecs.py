@@ -268,7 +268,10 @@ def kvtier_put_parts(
 
     :param keys: the keys, see the conventions above.
     :param parts: per key, the bytes-like pieces of the block, in order,
-        valid only during the call.
+        valid only during the call.  A piece may be made when first read
+        (kvtier makes an uncompressed block's header, and its checksum,
+        then), so a store writing block by block overlaps that work with
+        the write of the block before; ``len(parts[i])`` costs nothing.
     :param evicted: as in ``kvtier_put``.
     :return: as in ``kvtier_put``.
     """

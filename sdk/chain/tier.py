@@ -177,10 +177,14 @@ class Tier:
         evicted = [] if evicted is None else evicted
         if not keys:
             return [], evicted, []
-        parts = [
-            framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
-        ]
-        frames: list[Sequence[BytesLike]] = list(parts)
+        parts: list[Sequence[BytesLike]]
+        if self.codec.name == "none":  # each checksummed when the backend reads its header
+            parts = [framing.Frame(self._ns, k, p) for k, p in zip(keys, payloads)]
+        else:
+            parts = [
+                framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
+            ]
+        frames = list(parts)
         if self.handle.implements("kvtier_put_parts"):
             result = self._call(
                 "put", lambda: self.handle.put_parts(keys, parts, evicted), len(keys)

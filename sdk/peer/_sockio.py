@@ -12,6 +12,8 @@ import os
 import select
 import socket
 import time
+from collections import deque
+from collections.abc import Iterable
 
 from kvtier.spec import BytesLike, ConnectionClosedError
 
@@ -147,28 +149,69 @@ def skip(sock: socket.socket, count: int, deadline: float) -> None:
         count -= step
 
 
-def send_buffers(sock: socket.socket, buffers: list[BytesLike], deadline: float) -> int:
-    """Send ``buffers`` in order with ``sendmsg`` (gather write, no joining); bytes sent."""
-    views = [v for v in (memoryview(b).cast("B") for b in buffers) if v.nbytes]
-    total = sum(v.nbytes for v in views)
-    i = 0
-    while i < len(views):
+#: Bytes handed to one ``sendmsg``.  A 32 MiB batch sent in calls of 1-4 MiB
+#: took 8.1-8.6 ms over loopback, in one call 10.1-10.9 ms (2-core VM, median
+#: of 25; the receiver gets going sooner), in 256 KiB calls 10.3 ms.
+SEND_PIECE = 2 << 20
+#: Buffers taken ahead of the socket while it is full, to use the wait.
+_AHEAD = 8 << 20
+
+
+def send_buffers(sock: socket.socket, buffers: Iterable[BytesLike], deadline: float) -> int:
+    """Send ``buffers`` in order with ``sendmsg`` (gather writes, no joining); bytes sent.
+
+    Buffers are taken from ``buffers`` only as they are needed: a lazily
+    made one (the header of a :class:`~kvtier.block.framing.Frame`, whose
+    checksum pass is made then) is made while the other end takes in the
+    bytes before it, and while the socket is full rather than waiting.
+    """
+    source = iter(buffers)
+    pending: deque[memoryview] = deque()  # taken, not yet (wholly) sent
+    queued = total = 0
+    more = True
+
+    def take() -> None:
+        nonlocal more, queued, total
+        for buf in source:
+            view = memoryview(buf).cast("B")
+            if view.nbytes:
+                pending.append(view)
+                queued += view.nbytes
+                total += view.nbytes
+                return
+        more = False
+
+    while True:
+        while more and queued < SEND_PIECE and len(pending) < _IOV_MAX:
+            take()
+        if not pending:
+            return total
+        piece: list[memoryview] = []
+        room = SEND_PIECE
+        for view in pending:
+            if room <= 0 or len(piece) == _IOV_MAX:
+                break
+            piece.append(view if view.nbytes <= room else view[:room])
+            room -= view.nbytes
         try:
-            sent = sock.sendmsg(views[i : i + _IOV_MAX])
+            sent = sock.sendmsg(piece)
         except (BlockingIOError, InterruptedError):
-            wait_io(sock, True, deadline)
-            continue
-        while sent:
-            size = views[i].nbytes
-            if sent >= size:
-                sent -= size
-                i += 1
+            if more and queued < _AHEAD and len(pending) < _IOV_MAX:
+                take()  # the socket is full: make the next buffer meanwhile
             else:
-                views[i] = views[i][sent:]
+                wait_io(sock, True, deadline)
+            continue
+        queued -= sent
+        while sent:
+            head = pending[0]
+            if sent >= head.nbytes:
+                sent -= head.nbytes
+                pending.popleft()
+            else:
+                pending[0] = head[sent:]
                 sent = 0
-        if time.monotonic() > deadline and i < len(views):
+        if time.monotonic() > deadline and (pending or more):
             raise TimeoutError("peer I/O timed out")
-    return total
 
 
 def tune(sock: socket.socket, buffer_size: int = 4 << 20) -> None:

@@ -18,6 +18,7 @@ from kvtier.block.framing import (
     ALIGN_MIN,
     MAGIC,
     Codec,
+    Frame,
     decode_into,
     encode,
     encode_parts,
@@ -242,3 +243,26 @@ def test_namespace_fingerprint_covers_every_field() -> None:
     )
     with pytest.raises(ValueError, match="unknown namespace field"):
         Namespace.of({"model": "m", "colour": "blue"})
+
+
+@pytest.mark.parametrize("size", [0, 5, ALIGN_MIN, 1 << 20])
+def test_a_frame_is_the_block_encode_makes(size: int) -> None:
+    payload = os.urandom(size)
+    frame = Frame(NS, KEY, payload)
+    block = encode(NS, KEY, payload, Codec())
+    assert frame.nbytes == len(block)
+    assert b"".join(frame) == block
+    header, stored = frame
+    assert (header, bytes(stored)) == (frame[-2], bytes(frame[-1]))
+    assert [bytes(p) for p in frame[1:]] == [payload]
+    with pytest.raises(IndexError):
+        frame[2]
+
+
+def test_a_frame_checksums_its_payload_when_its_header_is_first_read() -> None:
+    # what lets a store that writes block by block checksum each block just
+    # before it goes out; the caller keeps the payload unchanged meanwhile anyway
+    payload = bytearray(os.urandom(4096))
+    frame = Frame(NS, KEY, payload)
+    payload[0] ^= 0xFF
+    assert decode(b"".join(frame), len(payload)) == bytes(payload)

@@ -121,3 +121,71 @@ def test_a_block_held_up_mid_way_is_read_in_pieces(
     assert [bytes(b) for b in got] == blocks
     assert type(got[0]) is bytearray and type(got[1]) is bytearray
     assert receiver.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+
+
+# sends ---------------------------------------------------------------------------------
+
+
+def test_buffers_go_out_in_order_and_exact(pair: tuple[socket.socket, socket.socket]) -> None:
+    sender, receiver = pair
+    pp.tune(sender)  # non-blocking, as the client's and the server's are
+    buffers = blocks_of(SIZES + [0, 5 << 20, 3])
+    total = sum(len(b) for b in buffers)
+    got = bytearray()
+
+    def drain() -> None:
+        receiver.setblocking(True)
+        while len(got) < total:
+            got.extend(receiver.recv(1 << 20))
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    assert pp.send_buffers(sender, iter(buffers), time.monotonic() + 30) == total
+    thread.join()
+    assert bytes(got) == b"".join(buffers)
+
+
+class _FullSocket:
+    """Takes at most ``take`` bytes per sendmsg, and every other call none (full)."""
+
+    def __init__(self, events: list[str], take: int) -> None:
+        self.events, self.take, self.calls = events, take, 0
+        self.data = bytearray()
+
+    def sendmsg(self, views: list[memoryview]) -> int:
+        self.calls += 1
+        assert sum(v.nbytes for v in views) <= _sockio.SEND_PIECE
+        if self.calls % 2 == 0:
+            raise BlockingIOError
+        sent = 0
+        for view in views:
+            n = min(view.nbytes, self.take - sent)
+            self.data += view[:n]
+            sent += n
+        self.events.append(f"sent {sent}")
+        return sent
+
+
+def test_buffers_are_taken_as_the_socket_takes_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lazily made buffer (a frame's header and its checksum) is made while
+    # the other end takes in what went before, not all before the first send.
+    monkeypatch.setattr(_sockio, "wait_io", lambda sock, write, deadline: None)
+    events: list[str] = []
+    buffers = blocks_of([3 << 20] * 6)
+
+    def lazily() -> Iterator[bytes]:
+        for i, buf in enumerate(buffers):
+            events.append(f"take {i}")
+            yield buf
+
+    sock = _FullSocket(events, take=1 << 20)
+    sent = pp.send_buffers(sock, lazily(), time.monotonic() + 30)  # type: ignore[arg-type]
+    assert sent == len(sock.data) == 18 << 20
+    assert bytes(sock.data) == b"".join(buffers)
+    first_send = events.index(next(e for e in events if e.startswith("sent")))
+    assert first_send < events.index("take 1")
+    # taken ahead while the socket was full, but never more than _AHEAD bytes
+    took = [events.index(f"take {i}") for i in range(6)]
+    for i, at in enumerate(took):
+        sent_before = sum(int(e.split()[1]) for e in events[:at] if e.startswith("sent"))
+        assert i * (3 << 20) - sent_before <= _sockio._AHEAD
