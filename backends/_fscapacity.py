@@ -43,6 +43,9 @@ class Ledger:
         # keys whose file is being deleted: a concurrent get that still reads
         # the file must not put them back into the index
         self.doomed: dict[bytes, int] = {}
+        # deletions finished so far (batches): a read that overlapped one may
+        # have seen a file that is gone now, see reconcile()
+        self.deletions = 0
         self.evictions = 0
         self.evicted_bytes = 0
         self.found_on_disk = 0
@@ -91,12 +94,25 @@ class Ledger:
             left = self.doomed.pop(key) - 1
             if left:
                 self.doomed[key] = left
+        if keys:
+            self.deletions += 1
         self.landed.notify_all()
 
     def reconcile(
-        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None]
+        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None], seen: int
     ) -> None:
-        """Bring the index in line with what the store answered for ``keys``."""
+        """Bring the index in line with what the store answered for ``keys``.
+
+        ``seen`` is :attr:`deletions` when ``known`` was taken, before the
+        reads.  If a deletion finished since, the answers may predate it: a
+        file read just before it was deleted would be indexed as a block the
+        tier holds (counted against the capacity, answered by lookups, found
+        missing by every get), and one missing because it was deleted and
+        then written again would be dropped from the index while on disk.
+        Such answers are left alone; the next read or lookup asks again.
+        """
+        if seen != self.deletions:
+            return
         for key, hit, size in zip(keys, known, sizes, strict=True):
             if size is None:
                 # deleted by another process: a miss, and no longer counted

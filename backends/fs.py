@@ -404,18 +404,18 @@ class FsBackend:
     @hookimpl
     def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         if len(keys) == 1:  # the common case, without the batch machinery
-            hit = self._touch(keys)[0]
+            known, seen = self._touch(keys)
             try:
                 data = self._store.read(keys[0])
             except BaseException as exc:
                 self._raise(exc, "read block")
-            if hit is (data is None):
-                self._reconcile(keys, [hit], [None if data is None else len(data)])
+            if known[0] is (data is None):
+                self._reconcile(keys, known, [None if data is None else len(data)], seen)
             return [data]
         unique = keys if len(keys) <= 1 else list(dict.fromkeys(keys))
-        known = self._touch(unique)
+        known, seen = self._touch(unique)
         found = self._map(self._store.read, unique, "read block")
-        self._reconcile(unique, known, [None if d is None else len(d) for d in found])
+        self._reconcile(unique, known, [None if d is None else len(d) for d in found], seen)
         if unique is keys:
             return found
         by_key = dict(zip(unique, found, strict=True))
@@ -426,19 +426,19 @@ class FsBackend:
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> Sequence[int | None]:
         if len(keys) == 1:  # the common case, without the batch machinery
-            hit = self._touch(keys)[0]
+            known, seen = self._touch(keys)
             try:
                 size = self._store.read_into(keys[0], buffers[0])
             except BaseException as exc:
                 self._raise(exc, "read block")
-            if hit is (size is None):
-                self._reconcile(keys, [hit], [size])
+            if known[0] is (size is None):
+                self._reconcile(keys, known, [size], seen)
             return [size]
         # no de-duplication: every position has buffers of its own to fill
-        known = self._touch(keys)
+        known, seen = self._touch(keys)
         read_into = self._store.read_into
         sizes = self._map(lambda i: read_into(keys[i], buffers[i]), range(len(keys)), "read")
-        self._reconcile(keys, known, sizes)
+        self._reconcile(keys, known, sizes, seen)
         return sizes
 
     @hookimpl
@@ -448,12 +448,13 @@ class FsBackend:
                 self._check_open()
             index = self._ledger.index
             known = [key in index for key in keys]
+            seen = self._ledger.deletions
         if all(known):
             return known
         # the index may lag behind other processes: stat what it lacks
         unknown = list(dict.fromkeys(k for k, hit in zip(keys, known, strict=True) if not hit))
         sizes = self._map(self._store.size, unknown, "stat block")
-        self._reconcile(unknown, [False] * len(unknown), sizes)
+        self._reconcile(unknown, [False] * len(unknown), sizes, seen)
         found = {key for key, size in zip(unknown, sizes, strict=True) if size is not None}
         return [hit or key in found for key, hit in zip(keys, known, strict=True)]
 
@@ -510,15 +511,16 @@ class FsBackend:
             self._raise(exc, "tamper")
 
     # helpers --------------------------------------------------------------
-    def _touch(self, keys: Sequence[bytes]) -> list[bool]:
-        """Mark indexed keys as just used; answer which were indexed."""
+    def _touch(self, keys: Sequence[bytes]) -> tuple[list[bool], int]:
+        """Mark indexed keys as just used; answer which were indexed, and the
+        deletions so far (for :meth:`_reconcile`)."""
         with self._lock:
             if self._state != "open":
                 self._check_open()
-            return self._ledger.touch(keys)
+            return self._ledger.touch(keys), self._ledger.deletions
 
     def _reconcile(
-        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None]
+        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None], seen: int
     ) -> None:
         """Bring the index in line with what the store answered, where they disagree."""
         for hit, size in zip(known, sizes, strict=True):
@@ -527,7 +529,7 @@ class FsBackend:
         else:
             return  # the common case: no second trip through the lock
         with self._lock:
-            self._ledger.reconcile(keys, known, sizes)
+            self._ledger.reconcile(keys, known, sizes, seen)
 
     def _map(self, fn: Callable[[T], R], items: Sequence[T], what: str) -> list[R]:
         """``[fn(x) for x in items]``, spread over the I/O threads for a batch.

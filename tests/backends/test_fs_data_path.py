@@ -276,3 +276,45 @@ def test_a_put_during_an_eviction_of_its_key_is_written_after_it(
     assert not putting.is_alive() and not evicting.is_alive()
     assert as_bytes(tier.get([b"k"])[0]) == data
     assert tier.stats()["blocks"] == 2
+
+
+def test_a_read_that_overlapped_a_deletion_indexes_nothing(url: str, opener: Opener) -> None:
+    """A get that read a block's file just before an evict deleted it must not put the
+    key back into the index afterwards: a block counted against the capacity and
+    answered by lookups, but on disk nowhere."""
+    tier = opener(url)
+    data = blob(5000)
+    assert list(tier.put([b"k"], [data], [])) == [True]
+    store = tier.instance._store
+    deleting, resume_delete = threading.Event(), threading.Event()
+    read_done, resume_read = threading.Event(), threading.Event()
+    real_remove, real_read = store.remove, store.read
+
+    def slow_remove(key: bytes) -> bool:
+        deleting.set()
+        assert resume_delete.wait(10)
+        return bool(real_remove(key))
+
+    def slow_read(key: bytes) -> bytes | None:
+        found = real_read(key)
+        read_done.set()
+        assert resume_read.wait(10)
+        return found
+
+    store.remove, store.read = slow_remove, slow_read
+    evicting = threading.Thread(target=tier.evict, args=([b"k"],))
+    evicting.start()
+    assert deleting.wait(10)  # the key is out of the index, its file not yet deleted
+    got: list[object] = []
+    getting = threading.Thread(target=lambda: got.extend(tier.get([b"k"])))
+    getting.start()
+    assert read_done.wait(10)  # it read the file, still there
+    resume_delete.set()
+    evicting.join(10)
+    resume_read.set()
+    getting.join(10)
+    assert not getting.is_alive() and not evicting.is_alive()
+    assert as_bytes(got[0]) == data  # what it read was the block, whole
+    store.read = real_read
+    assert list(tier.lookup([b"k"])) == [False]
+    assert (tier.stats()["blocks"], tier.stats()["used_bytes"]) == (0, 0)

@@ -129,7 +129,7 @@ def test_a_block_held_up_mid_way_is_read_in_pieces(
 def test_buffers_go_out_in_order_and_exact(pair: tuple[socket.socket, socket.socket]) -> None:
     sender, receiver = pair
     pp.tune(sender)  # non-blocking, as the client's and the server's are
-    buffers = blocks_of(SIZES + [0, 5 << 20, 3])
+    buffers = blocks_of([*SIZES, 0, 5 << 20, 3])
     total = sum(len(b) for b in buffers)
     got = bytearray()
 
