@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import Namespace
+from kvtier.block import framing
 from kvtier.block.framing import (
     ALIGN,
     ALIGN_MIN,
@@ -73,6 +74,17 @@ def test_uncompressed_header_size_is_predictable() -> None:
     header, stored = encode_parts(NS, KEY, payload, Codec())
     assert len(header) == header_size(NS, KEY, len(payload))
     assert bytes(stored) == payload  # passed through, not copied into the header
+
+
+@given(key=st.binary(min_size=1, max_size=64),
+       size=st.sampled_from([0, 1, 127, 128, 255, 256, ALIGN_MIN - 1, ALIGN_MIN,
+                             65535, 65536, (1 << 32) - 1, 1 << 32]))
+@settings(max_examples=150, deadline=None)
+def test_header_size_is_the_size_of_the_header_made(key: bytes, size: int) -> None:
+    # header_size is computed from lengths alone (and cached per length)
+    header = framing._header_bytes(NS, key, size, framing.CODEC_NONE,
+                                   xxhash.xxh3_64_digest(key), size, 0)
+    assert header_size(NS, key, size) == len(header)
 
 
 @pytest.mark.parametrize("size", [ALIGN_MIN - 1, ALIGN_MIN, (2 << 20) + 3])
