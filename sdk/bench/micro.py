@@ -150,7 +150,7 @@ def run_codec(block_size: int, levels: list[int], quick: bool, progress: Progres
             codec = Codec("zstd", level, shuffle) if level else Codec("none")
             enc = float("inf")
             parts: tuple[bytes, Any] = (b"", b"")
-            for _ in range(repeats):  # encode_parts: what a put hands to put_parts
+            for _ in range(repeats):  # a put's framing (a Frame does the same work, later)
                 start = time.perf_counter()
                 parts = framing.encode_parts(ns, key, payload, codec)
                 enc = min(enc, time.perf_counter() - start)
