@@ -7,6 +7,7 @@ import array
 import os
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -245,6 +246,27 @@ def test_four_threads(url: str, opener: Opener, capacity: int | None) -> None:
         assert len(names) == len(present)
 
 
+class Paused:
+    """A store method that holds its caller until resumed: before the real call, or
+    ``after`` it.  Lets a test stop one thread at a chosen point of a race."""
+
+    def __init__(self, real: Callable[[bytes], Any], after: bool = False) -> None:
+        self.real, self.after = real, after
+        self.reached, self.resume = threading.Event(), threading.Event()
+
+    def __call__(self, key: bytes) -> Any:
+        if not self.after:
+            self._hold()
+        result = self.real(key)
+        if self.after:
+            self._hold()
+        return result
+
+    def _hold(self) -> None:
+        self.reached.set()
+        assert self.resume.wait(10)
+
+
 def test_a_put_during_an_eviction_of_its_key_is_written_after_it(
     url: str, opener: Opener
 ) -> None:
@@ -254,23 +276,15 @@ def test_a_put_during_an_eviction_of_its_key_is_written_after_it(
     data = blob(5000)
     assert list(tier.put([b"k"], [data], [])) == [True]
     store = tier.instance._store
-    deleting, resume = threading.Event(), threading.Event()
-    real_remove = store.remove
-
-    def slow_remove(key: bytes) -> bool:
-        deleting.set()
-        assert resume.wait(10)
-        return bool(real_remove(key))
-
-    store.remove = slow_remove
+    store.remove = remove = Paused(store.remove)
     evicting = threading.Thread(target=tier.evict, args=([b"k"],))
     evicting.start()
-    assert deleting.wait(10)
+    assert remove.reached.wait(10)
     putting = threading.Thread(target=tier.put, args=([b"k", b"other"], [data, blob(4000)], []))
     putting.start()
     putting.join(0.3)
     assert putting.is_alive()  # waits for the deletion, not written under it
-    resume.set()
+    remove.resume.set()
     evicting.join(10)
     putting.join(10)
     assert not putting.is_alive() and not evicting.is_alive()
@@ -286,35 +300,21 @@ def test_a_read_that_overlapped_a_deletion_indexes_nothing(url: str, opener: Ope
     data = blob(5000)
     assert list(tier.put([b"k"], [data], [])) == [True]
     store = tier.instance._store
-    deleting, resume_delete = threading.Event(), threading.Event()
-    read_done, resume_read = threading.Event(), threading.Event()
-    real_remove, real_read = store.remove, store.read
-
-    def slow_remove(key: bytes) -> bool:
-        deleting.set()
-        assert resume_delete.wait(10)
-        return bool(real_remove(key))
-
-    def slow_read(key: bytes) -> bytes | None:
-        found = real_read(key)
-        read_done.set()
-        assert resume_read.wait(10)
-        return found
-
-    store.remove, store.read = slow_remove, slow_read
+    store.remove = remove = Paused(store.remove)
+    store.read = read = Paused(store.read, after=True)
     evicting = threading.Thread(target=tier.evict, args=([b"k"],))
     evicting.start()
-    assert deleting.wait(10)  # the key is out of the index, its file not yet deleted
+    assert remove.reached.wait(10)  # the key is out of the index, its file not yet deleted
     got: list[object] = []
     getting = threading.Thread(target=lambda: got.extend(tier.get([b"k"])))
     getting.start()
-    assert read_done.wait(10)  # it read the file, still there
-    resume_delete.set()
+    assert read.reached.wait(10)  # it read the file, still there
+    remove.resume.set()
     evicting.join(10)
-    resume_read.set()
+    read.resume.set()
     getting.join(10)
     assert not getting.is_alive() and not evicting.is_alive()
     assert as_bytes(got[0]) == data  # what it read was the block, whole
-    store.read = real_read
+    store.read = read.real
     assert list(tier.lookup([b"k"])) == [False]
     assert (tier.stats()["blocks"], tier.stats()["used_bytes"]) == (0, 0)
