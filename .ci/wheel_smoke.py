@@ -16,6 +16,12 @@ assert "site-packages" in kvtier.__file__, kvtier.__file__
 files = [str(f) for f in importlib.metadata.distribution("kvtier").files or []]
 assert not any(f.startswith(("tests/", "sdk/", "spec/", "backends/")) for f in files), files
 assert "kvtier/py.typed" in files
+# the one-pass copy and checksum: built into the wheel, with its type stub
+assert any(f.startswith("kvtier/block/_xxh3copy.") and f.endswith(".so") for f in files), files
+assert "kvtier/block/_xxh3copy.pyi" in files
+from kvtier.block import framing  # noqa: E402
+
+assert framing.checks_while_copying()
 registry = BackendRegistry()
 assert {"host", "fs"} <= set(registry.names()), registry.names()
 with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,8 @@ def render(report: dict[str, Any], console: Console) -> None:
     """The report as tables."""
     m = report["machine"]
     console.print(f"{m['cpus']} CPUs ({m['cpu']}), Python {m['python']}, "
-                  f"load average {m['load_average']} at start, {m['time']}", highlight=False)
+                  f"load average {m['load_average']} at start, {m['time']}; "
+                  f"copy and checksum: {m.get('copy_and_checksum', '-')}", highlight=False)
     tiers = report.get("tiers")
     if tiers:
         s = report["settings"]

@@ -473,7 +473,17 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "load_average": [round(x, 2) for x in load],
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "copy_and_checksum": _copy_and_checksum(),
     }
+
+
+def _copy_and_checksum() -> str:
+    """How RAM tiers copy and check a payload here: which kernel, or two passes."""
+    try:
+        from kvtier.block import _xxh3copy
+    except ImportError:
+        return "two passes (extension not built)"
+    return f"one pass ({_xxh3copy.KERNEL})"
 
 
 def settings_dict(settings: BenchSettings) -> dict[str, Any]:

@@ -49,6 +49,11 @@ import zstandard
 from kvtier.block.namespace import FORMAT_VERSION
 from kvtier.spec import BytesLike, CorruptBlockError
 
+try:
+    from kvtier.block import _xxh3copy
+except ImportError:  # built without a C compiler: copy, then checksum
+    _xxh3copy = None  # type: ignore[assignment]
+
 __all__ = [
     "ALIGN",
     "ALIGN_MIN",
@@ -60,6 +65,7 @@ __all__ = [
     "Frame",
     "Header",
     "check_payload",
+    "checks_while_copying",
     "decode_into",
     "encode",
     "encode_parts",
@@ -359,6 +365,12 @@ def check_payload(header: Header, stored: BytesLike, verify: bool) -> None:
         raise CorruptBlockError("checksum mismatch")
 
 
+def checks_while_copying() -> bool:
+    """Whether :func:`decode_into` takes an uncompressed payload's checksum as it
+    copies it (one pass, in C) rather than before (two passes)."""
+    return _xxh3copy is not None
+
+
 def decode_into(
     blob: BytesLike, namespace: bytes, key: bytes, out: memoryview, *, verify: bool = True
 ) -> Header:
@@ -370,9 +382,21 @@ def decode_into(
     """
     header = parse_header(blob, namespace, key)
     stored = memoryview(blob).cast("B")[header.size :]
-    check_payload(header, stored, verify)
+    one_pass = (
+        _xxh3copy is not None and header.codec == CODEC_NONE
+        and stored.nbytes >= _xxh3copy.MIN_LEN and out.c_contiguous and not out.readonly
+    )
+    check_payload(header, stored, verify and not one_pass)
     if header.raw_len != out.nbytes:
         raise CorruptBlockError(f"block holds {header.raw_len} bytes, reader expects {out.nbytes}")
+    if one_pass:
+        # the copy and the checksum in one pass, in C; unverified too, as the
+        # checksum rides free on the copy, which is faster than the others
+        # (16 x 2 MiB: 2.1-2.3 ms, numpy's 2.5-2.8 ms, a memoryview's 3.7-4.1)
+        digest = _xxh3copy.copy_xxh3_64(stored, out, header.shuffle)
+        if verify and digest.to_bytes(8, "big") != header.checksum:
+            raise CorruptBlockError("checksum mismatch")
+        return header
     if header.codec == CODEC_NONE:
         out[:] = stored
         return header

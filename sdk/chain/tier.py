@@ -257,7 +257,7 @@ class Tier:
             return []
         found = [False] * n
         fallback = list(range(n))
-        if self.handle.implements("kvtier_get_into") and self.codec.name == "none":
+        if self._reads_direct():
             fallback = []
             for lo, hi in self._cache_sized(outs):
                 sub_found = [False] * (hi - lo)
@@ -280,6 +280,20 @@ class Tier:
                         self._corrupt(keys[i], exc)
         self._count_reads(found, outs)
         return found
+
+    def _reads_direct(self) -> bool:
+        """Whether reads scatter blocks straight into the caller's buffers.
+
+        So they do wherever the codec allows, except from a backend in this
+        process while :mod:`~kvtier.block.framing` checks as it copies: such
+        a backend's ``get`` hands out the bytes it holds (the host backend's
+        does), and the one copy into the caller's buffer takes the checksum
+        on the way.  16 x 2 MiB host gets went from 0.71-0.77x of a plain
+        copy (scatter-read, then checksum) to 1.00-1.16x.
+        """
+        if not self.handle.implements("kvtier_get_into") or self.codec.name != "none":
+            return False
+        return not (self._in_process and framing.checks_while_copying())
 
     def _cache_sized(self, outs: Sequence[memoryview]) -> list[tuple[int, int]]:
         """Runs of a batch for one ``get_into`` call each: ``[lo, hi)`` index pairs.

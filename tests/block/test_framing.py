@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 
 import msgpack
 import numpy as np
@@ -41,6 +42,18 @@ def bf16_like(n: int, seed: int = 0) -> bytes:
     """Random-normal values truncated to bf16: what KV cache looks like."""
     values = np.random.default_rng(seed).standard_normal(n // 2).astype(np.float32)
     return (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+@pytest.fixture(autouse=True, scope="module", params=["one-pass", "two-passes"])
+def copy_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test twice: uncompressed payloads copied and checked in one pass
+    (the C extension) and in two (the Python the format falls back on)."""
+    if request.param == "one-pass" and not framing.checks_while_copying():
+        pytest.skip("kvtier.block._xxh3copy is not built")
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "two-passes":
+            patch.setattr(framing, "_xxh3copy", None)
+        yield request.param
 
 
 def decode(blob: bytes, size: int, ns: bytes = NS, key: bytes = KEY) -> bytes:
@@ -278,3 +291,19 @@ def test_a_frame_checksums_its_payload_when_its_header_is_first_read() -> None:
     frame = Frame(NS, KEY, payload)
     payload[0] ^= 0xFF
     assert decode(b"".join(frame), len(payload)) == bytes(payload)
+
+
+def test_decoding_checks_while_copying_in_one_pass_mode_only(copy_mode: str) -> None:
+    assert framing.checks_while_copying() == (copy_mode == "one-pass")
+
+
+@pytest.mark.parametrize("size", [240, 241, 4097, ALIGN_MIN + 1])
+def test_a_damaged_payload_is_caught_when_verifying_and_copied_when_not(size: int) -> None:
+    payload = os.urandom(size)
+    damaged = bytearray(encode(NS, KEY, payload, Codec()))
+    damaged[-1 - size // 3] ^= 0x10
+    out = bytearray(size)
+    with pytest.raises(CorruptBlockError, match="checksum mismatch"):
+        decode_into(damaged, NS, KEY, memoryview(out))
+    decode_into(damaged, NS, KEY, memoryview(out), verify=False)
+    assert out == damaged[-size:]  # unverified, the stored bytes as they are

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ import pytest
 
 import kvtier
 from kvtier import Namespace, open_chain
+from kvtier.block import framing
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import BackendError, Capabilities, ClosedError, hookimpl
 
@@ -148,6 +150,38 @@ def test_corrupt_block_on_disk_is_a_miss_and_counted(tmp_path: Path) -> None:
         path.write_bytes(bytes(data))
         assert read(chain, [key(1), key(2)]) == [None, block(2)]
         assert chain.stats()["tiers"][0]["corrupt"] == 1
+
+
+@pytest.mark.parametrize("mode", ["one-pass", "two-passes"])
+def test_host_reads_check_every_block_whichever_way_they_copy(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one pass: get() and the C copy that checksums; two: scatter-read in
+    # cache-sized runs, then checksum.  A 6 x ~2 MiB batch spans several runs.
+    if mode == "two-passes":
+        monkeypatch.setattr(framing, "_xxh3copy", None)
+    elif not framing.checks_while_copying():
+        pytest.skip("kvtier.block._xxh3copy is not built")
+    sizes = [2 << 20, (2 << 20) + 5, 300, 100, 1 << 20, 2 << 20]
+    keys = [key(i) for i in range(len(sizes))]
+    blocks = [os.urandom(size) for size in sizes]
+    cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "64MiB"}]}
+    with open_chain(cfg, namespace=NS) as chain:
+        assert chain.put(keys, blocks) == [True] * len(keys)
+        handle = chain.tiers[0].handle
+        for i in (1, 3):  # a long payload and a short one, a byte flipped mid-payload
+            assert handle.tamper(keys[i], lambda b, n=sizes[i]: flip(b, len(b) - n // 2))
+        outs = [bytearray(size) for size in sizes]
+        assert chain.get(keys, outs) == [True, False, True, False, True, True]
+        assert [bytes(outs[i]) for i in (0, 2, 4, 5)] == [blocks[i] for i in (0, 2, 4, 5)]
+        assert chain.stats()["tiers"][0]["corrupt"] == 2
+        assert chain.lookup(keys) == [0, None, 0, None, 0, 0]  # the damaged ones dropped
+
+
+def flip(data: bytes, at: int) -> bytes:
+    out = bytearray(data)
+    out[at] ^= 0x01
+    return bytes(out)
 
 
 def test_other_namespace_never_sees_blocks(tmp_path: Path) -> None:
