@@ -176,6 +176,10 @@ def test_host_reads_check_every_block_whichever_way_they_copy(
         assert [bytes(outs[i]) for i in (0, 2, 4, 5)] == [blocks[i] for i in (0, 2, 4, 5)]
         assert chain.stats()["tiers"][0]["corrupt"] == 2
         assert chain.lookup(keys) == [0, None, 0, None, 0, 0]  # the damaged ones dropped
+        # blocks of unknown size go through the same check
+        assert handle.tamper(keys[0], lambda b: flip(b, len(b) - 1))
+        assert chain.get_bytes([keys[0], keys[2]]) == [None, blocks[2]]
+        assert chain.stats()["tiers"][0]["corrupt"] == 3
 
 
 def flip(data: bytes, at: int) -> bytes:
