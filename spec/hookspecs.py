@@ -136,7 +136,10 @@ def kvtier_get(keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
     :param keys: the keys, see the conventions above.
     :return: per key, the block exactly as stored (a bytes-like object the
         caller may keep and the backend must never modify afterwards), or
-        ``None`` for a miss.
+        ``None`` for a miss.  A backend in process memory (see
+        ``Capabilities.shared``) is read through this hook even when it
+        implements ``kvtier_get_into``: returning the stored object itself,
+        not a copy, keeps such a read to one copy.
     """
 
 

@@ -28,8 +28,12 @@ class Capabilities:
     #: get (its lookup may lag by a short-lived cache), an evict by one is
     #: seen by all, and any capacity is enforced for all of them together.
     #: kvtier treats a tier that is persistent or shared as outside this
-    #: process (its reads are not split into cache-sized calls), and the kit
-    #: checks nothing more for it yet.
+    #: process, and the kit checks nothing more for it yet.  A tier that is
+    #: neither lives in process memory: kvtier reads it with ``kvtier_get``
+    #: and copies each block into the caller's buffer itself, taking the
+    #: checksum as it copies, so its ``kvtier_get`` should hand out the
+    #: bytes it holds rather than a copy (``kvtier_get_into`` serves the
+    #: others, and these too where kvtier's C extension is not built).
     shared: bool = False
     #: Hooks may be called from several threads at once.
     thread_safe: bool = True
