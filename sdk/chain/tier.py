@@ -298,10 +298,11 @@ class Tier:
     def _cache_sized(self, outs: Sequence[memoryview]) -> list[tuple[int, int]]:
         """Runs of a batch for one ``get_into`` call each: ``[lo, hi)`` index pairs.
 
-        A backend in this process (neither persistent nor shared: RAM) fills
-        the buffers at memory speed, and the checksum pass that follows
+        A backend in this process (neither persistent nor shared: RAM)
+        fills the buffers at memory speed, and the checksum pass that follows
         would read a large batch back from memory rather than from the CPU
-        cache.  Calls of about :data:`_CACHE_BATCH` bytes keep what the
+        cache (such reads come here only where the C extension is not built,
+        see :meth:`_reads_direct`).  Calls of about :data:`_CACHE_BATCH` bytes keep what the
         checksum reads in the cache: 16 x 2 MiB host gets went from 0.55-0.59x
         to 0.62-0.66x of a plain copy (interleaved runs).  Other backends get
         the whole batch in one call: they work on it in parallel.
