@@ -111,6 +111,9 @@ class Codec:
         return CODECS[self.name]
 
 
+_UNCOMPRESSED = Codec()
+
+
 @dataclass(frozen=True)
 class Header:
     namespace: bytes
@@ -244,9 +247,7 @@ class Frame(Sequence[BytesLike]):
     def header(self) -> bytes:
         header = self._header
         if header is None:
-            size = self._payload.nbytes
-            checksum = _checksum(self._payload, 0)
-            header = _header_bytes(self._namespace, self._key, size, CODEC_NONE, checksum, size, 0)
+            header = encode_parts(self._namespace, self._key, self._payload, _UNCOMPRESSED)[0]
             self._header = header
         return header
 
