@@ -405,6 +405,10 @@ class Chain:
 
         Queued asynchronous writes finish first, so none brings a key back.
         """
+        return sum(self.evict_each(keys))
+
+    def evict_each(self, keys: Sequence[bytes]) -> list[bool]:
+        """:meth:`evict`, answered per key: True where some tier held it (and now none does)."""
         self._check_open()
         keys = _check_keys(keys)
         self.flush()
@@ -415,7 +419,7 @@ class Chain:
             for i, flag in enumerate(flags):
                 removed[i] = removed[i] or flag
             self._emit("removed", index, (k for k, f in zip(keys, flags) if f), "evict")
-        return sum(removed)
+        return removed
 
     # events -----------------------------------------------------------------------
     def add_listener(self, listener: ChainListener) -> None:

@@ -213,6 +213,8 @@ def test_evict_removes_from_every_tier(tmp_path: Path) -> None:
         chain.put([key(1), key(2)], [block(1), block(2)])
         assert chain.evict([key(1), key(3)]) == 1
         assert chain.lookup([key(1), key(2)]) == [None, 0]
+        assert chain.evict_each([key(3), key(2), key(1)]) == [False, True, False]
+        assert chain.lookup([key(2)]) == [None]
         assert read(chain, [key(1)]) == [None]
 
 
