@@ -76,9 +76,13 @@ class Queued:
         self.entries = 0
 
     def add(self, index: int, pairs: Iterable[tuple[bytes, BytesLike]]) -> None:
+        """Queue a batch's blocks; of a key repeated in it, the first, as a backend stores."""
         with self._lock:
+            added: set[bytes] = set()
             for key, blob in pairs:
-                self._blocks[key] = (index, blob)
+                if key not in added:
+                    added.add(key)
+                    self._blocks[key] = (index, blob)
             self.entries += 1
 
     def landed(self, index: int, keys: Sequence[bytes], blobs: Sequence[BytesLike]) -> None:
