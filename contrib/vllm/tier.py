@@ -62,6 +62,8 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
+import numpy as np
+
 from kvtier.chain import Chain, ChainEvent
 from kvtier.config import load_config
 from kvtier.spec import KvtierError
@@ -209,6 +211,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._events: deque[Any] | None = deque() if kv_events_enabled(offloading_spec) else None
         self._long_keys: dict[bytes, bytes] = {}  # digest -> vLLM key, for events
         self._flat = primary_kv_view.cast("B")
+        # chunks whose whole payload lies in the region (vLLM's view: one row per chunk)
+        self._num_chunks = max(0, (len(self._flat) - self._payload) // self._row + 1)
         self._repair = ThreadPoolExecutor(1, thread_name_prefix="kvtier-vllm-repair")
         self._next_reopen = 0.0
         self._reopening = False
@@ -371,10 +375,32 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         row, size, flat = self._row, self._payload, self._flat
         return [flat[int(c) * row : int(c) * row + size] for c in chunk_ids]
 
+    def _chunks_fit(self, job_metadata: TransferJob, keys: list[Any]) -> bool:
+        """Whether the job names one chunk of the primary region per key.
+
+        A chunk id outside the region (past its last row, or negative) would
+        slice an empty or foreign row: a store would frame an empty payload
+        and a load would read nowhere.  Such a job fails whole, before
+        anything is stored or read, as vLLM's own fs tier refuses it.
+        """
+        ids = np.asarray(job_metadata.chunk_ids, dtype=np.int64).reshape(-1)
+        fits = len(ids) == len(keys) and bool(
+            ((ids >= 0) & (ids < self._num_chunks)).all()
+        )
+        if not fits:
+            log.warning(
+                "kvtier job %d refused: %d key(s), chunk ids %s, the primary region has "
+                "%d chunks", job_metadata.job_id, len(keys), ids.tolist()[:8], self._num_chunks,
+            )
+        return fits
+
     def submit_store(self, job_metadata: TransferJob) -> None:
         now = time.monotonic()
         keys = list(job_metadata.keys)
         with self._lock:
+            if not self._chunks_fit(job_metadata, keys):
+                self._refuse_locked(_Job(job_metadata.job_id, False, keys, now))
+                return
             held = {ck for k in keys if self._verdicts.holds(ck := chain_key(k), now)}
             todo = [(k, c) for k, c in zip(keys, job_metadata.chunk_ids)
                     if chain_key(k) not in held]
@@ -400,6 +426,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         keys = list(job_metadata.keys)
         with self._lock:
             job = _Job(job_metadata.job_id, True, keys, now)
+            if not self._chunks_fit(job_metadata, keys):
+                self._refuse_locked(job)
+                return
             self._submit_locked(job, lambda: self.chain.submit_get(
                 [chain_key(k) for k in keys], self._rows(job_metadata.chunk_ids)
             ), now)
@@ -448,6 +477,13 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         future = self._repair.submit(run)
         self._repairs.add(future)
         future.add_done_callback(done)
+
+    def _refuse_locked(self, job: _Job) -> None:
+        """Report a job failed that touched no storage (its stored blocks stay as they are)."""
+        if job.keys:
+            self._counters.count("load_keys" if job.load else "store_keys", "failed",
+                                 len(job.keys))
+        self._finished.append(job_result(job.vllm_id, False, None, 0.0, 0))
 
     def _finish_locked(
         self, job: _Job, flags: list[bool], now: float, late: threading.Event | None = None

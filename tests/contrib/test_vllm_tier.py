@@ -147,6 +147,40 @@ def test_tier_replaces_a_damaged_block_when_it_is_stored_again(
     assert finish(third, {4})[4].success and (region3[3] == 7).all()
 
 
+@pytest.mark.parametrize("bad", [8, 9, -1])
+def test_tier_fails_a_job_naming_a_chunk_outside_the_region(
+    tier_factory: Any, tmp_path: Path, bad: int
+) -> None:
+    from vllm.v1.kv_offload.base import LookupResult
+
+    from kvtier.chain.catalog import CATALOG_HEX
+
+    tier, region = tier_factory(chunks=8)
+    region[:] = 5
+    keys = [b"a" * 36, b"b" * 36]
+    tier.submit_store(job(1, keys, [0, bad], False))  # one good id does not save the job
+    tier.submit_store(job(2, keys[:1], [bad], False))
+    done = finish(tier, {1, 2})
+    assert [done[i].success for i in (1, 2)] == [False, False]
+    assert [done[i].transfer_bytes for i in (1, 2)] == [0, 0]
+    tier.chain.flush()
+    stored = [p for p in (tmp_path / "store").rglob("*.kvb") if CATALOG_HEX not in p.parts]
+    assert stored == []
+    other, region2 = tier_factory(chunks=8)
+    assert resolve(other, keys) == [LookupResult.MISS, LookupResult.MISS]
+
+    # a load naming such a chunk fails too, and leaves the region as it was
+    tier.submit_store(job(3, keys[:1], [7], False))
+    assert finish(tier, {3})[3].success
+    tier.chain.flush()
+    other.submit_load(job(4, keys[:1], [bad], True))
+    loaded = finish(other, {4})[4]
+    assert not loaded.success and loaded.transfer_bytes == 0
+    assert not region2.any()
+    other.submit_load(job(5, keys[:1], [0], True))  # the block itself was not blamed
+    assert finish(other, {5})[5].success and (region2[0] == 5).all()
+
+
 def test_tier_hashes_long_keys_and_times_out_slow_lookups(tier_factory: Any) -> None:
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 
