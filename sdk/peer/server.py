@@ -31,7 +31,10 @@ Listening beyond loopback requires a shared secret (``--secret-file`` or
 connection must pass a mutual HMAC-SHA256 challenge-response before it may
 send requests or open a namespace.  The secret authenticates the peers; it
 does not encrypt or sign the traffic (use a private network, WireGuard or an
-SSH tunnel across untrusted networks).
+SSH tunnel across untrusted networks).  Connections not yet through the
+handshake have a deadline and a budget of their own (:mod:`kvtier.peer._limits`).
+After SIGTERM, requests already sent are answered for ``--grace``; then
+connections still busy (a stalled client) are closed, and the process exits.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ import msgpack
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
 from kvtier.config.loader import ChainConfig, load_config
-from kvtier.config.units import format_size, parse_size
+from kvtier.config.units import format_size, parse_duration, parse_size
 from kvtier.peer import protocol as pp
+from kvtier.peer._limits import Connection, Connections, PayloadBudget
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import (
     BytesLike,
@@ -75,14 +79,22 @@ log = logging.getLogger("kvtier.peer.server")
 
 SECRET_ENV = "KVTIER_PEER_SECRET"
 DEFAULT_LISTEN = "127.0.0.1:7077"
-#: A client must finish the handshake within this.
-HANDSHAKE_TIMEOUT = 10.0
+#: A client must finish the handshake within this (``--handshake-timeout``).
+HANDSHAKE_TIMEOUT = 5.0
+#: Connections not yet authenticated, at most (``--max-unauthenticated``).
+MAX_UNAUTHENTICATED = 64
+#: A client waits this long at most for a namespace to be opened (or to go idle).
+NAMESPACE_WAIT = 10.0
 #: Once a frame starts arriving it must be complete within this (slow-loris bound).
 FRAME_TIMEOUT = 60.0
 #: How often idle connections and the accept loop look at the stop flag.
 IDLE_POLL = 0.25
-#: After SIGTERM, requests already on the wire are still answered for this long.
+#: After SIGTERM, requests already on the wire are still answered for this long;
+#: then the connections still busy are closed (``--grace``).  Below Kubernetes'
+#: default grace period of 30 s, which also has to cover closing the chains.
 DRAIN_GRACE = 10.0
+#: After the grace, how long closed connections' threads are waited for.
+CLOSE_WAIT = 5.0
 #: Bytes of PUT payloads all connections together may be receiving at once.
 PAYLOAD_MEMORY = 1 << 30
 
@@ -131,28 +143,6 @@ def _readable(sock: socket.socket, timeout: float) -> bool:
     poller = select.poll()  # poll, not select: descriptors may exceed FD_SETSIZE
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(int(timeout * 1000)))
-
-
-class _Budget:
-    """Bytes of PUT payloads being received, all connections together: bounded, so
-    that 256 connections cannot each hold 256 MiB at once."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self.cond = threading.Condition()
-
-    def take(self, nbytes: int, deadline: float) -> None:
-        with self.cond:
-            while self.used and self.used + nbytes > self.limit:
-                if not self.cond.wait(deadline - time.monotonic()):
-                    raise TimeoutError("payload memory exhausted")
-            self.used += nbytes
-
-    def give(self, nbytes: int) -> None:
-        with self.cond:
-            self.used -= nbytes
-            self.cond.notify_all()
 
 
 class _Entry:
@@ -239,23 +229,28 @@ class PeerServer:
         secret: bytes | None = None,
         max_payload: int = pp.DEFAULT_MAX_PAYLOAD,
         max_connections: int = 256,
+        max_unauthenticated: int = MAX_UNAUTHENTICATED,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        grace: float = DRAIN_GRACE,
         max_namespaces: int = 64,
         registry: BackendRegistry | None = None,
     ) -> None:
         self.host, self.port = host, port
         self._secret = secret
         self._max_payload = max_payload
-        self._max_connections = max_connections
+        self._handshake_timeout = handshake_timeout
+        self._grace = grace
+        self._conns = Connections(max_connections, max_unauthenticated)
         self._namespaces = _Namespaces(config, registry, max_namespaces)
-        self._budget = _Budget(max(PAYLOAD_MEMORY, max_payload))
+        self._budget = PayloadBudget(max(PAYLOAD_MEMORY, max_payload))
         self._stopping = threading.Event()
         self._stop_time = 0.0
         self._listener: socket.socket | None = None
-        self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(
             ("connections", "requests", "bytes_in", "bytes_out", "protocol_errors",
-             "auth_failures", "refused", "errors"), 0)
+             "auth_failures", "refused", "handshake_timeouts", "handshakes_evicted",
+             "closed_at_grace", "errors"), 0)
         self._by_kind: dict[str, int] = {}
         self._started = time.monotonic()
 
@@ -298,34 +293,43 @@ class PeerServer:
             self._admit(sock, pp.format_address(str(addr[0]), int(addr[1])))
 
     def close(self) -> None:
-        """After :meth:`serve`: wait for connections to finish, then close every chain."""
+        """After :meth:`serve`: let connections finish for the grace, then close them
+        and every chain."""
         self.stop()
         if self._listener is not None:
             self._listener.close()
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(FRAME_TIMEOUT + DRAIN_GRACE)
+        self._conns.shut(pending_only=True)  # no request of theirs can be in flight
+        if not self._conns.join(self._stop_time + self._grace):
+            stalled = self._conns.shut()
+            self._budget.close()
+            self._count(closed_at_grace=len(stalled))
+            log.warning("kvtier serve: %d connections still busy %gs after the stop "
+                        "(--grace), closing them: %s", len(stalled), self._grace,
+                        ", ".join(stalled))
+            if not self._conns.join(time.monotonic() + CLOSE_WAIT):
+                log.error("kvtier serve: connections still running after they were "
+                          "closed; closing the chains beside them")
         self._namespaces.close_all()
 
     def _admit(self, sock: socket.socket, label: str) -> None:
         pp.tune(sock)
-        with self._lock:
-            full = len(self._threads) >= self._max_connections
-            if not full:
-                self._counts["connections"] += 1
-                thread = threading.Thread(target=self._connection, args=(sock, label),
-                                          name=f"kvtier-serve {label}", daemon=True)
-                self._threads.add(thread)
-        if full:
+        conn, evicted = self._conns.admit(sock, label, self._connection)
+        if evicted is not None:
+            self._count(handshakes_evicted=1)
+            log.warning("kvtier serve: %s closed before its handshake to admit %s: "
+                        "%d connections await theirs", evicted.label, label,
+                        self._conns.unauthenticated)
+        if conn is None:
             self._count(refused=1)
             log.warning("kvtier serve: %s refused: %d connections open", label,
-                        self._max_connections)
+                        self._conns.limit)
             with contextlib.suppress(OSError):  # best effort: the client learns why
                 sock.send(pp.error_frame(0, "busy", "server has too many connections"))
             sock.close()
             return
-        thread.start()
+        self._count(connections=1)
+        assert conn.thread is not None
+        conn.thread.start()
 
     # figures --------------------------------------------------------------------
     def _count(self, kind: str | None = None, **counts: int) -> None:
@@ -340,7 +344,7 @@ class PeerServer:
         with self._lock:
             server: dict[str, Any] = dict(self._counts)
             server["by_kind"] = dict(self._by_kind)
-            server["open_connections"] = len(self._threads)
+        server["open_connections"] = len(self._conns)
         server["uptime_s"] = round(time.monotonic() - self._started, 3)
         chains = self._namespaces.chains()
         server["namespaces"] = len(chains)
@@ -354,26 +358,33 @@ class PeerServer:
                 f"{s['auth_failures']} auth failures")
 
     # one connection ---------------------------------------------------------------
-    def _connection(self, sock: socket.socket, label: str) -> None:
+    def _connection(self, conn: Connection) -> None:
+        sock, label = conn.sock, conn.label
         held: tuple[str, _Entry] | None = None
         try:
             reader = pp.FrameReader()
             try:
                 hello = pp.server_handshake(sock, reader, self._secret, self._max_payload,
-                                            time.monotonic() + HANDSHAKE_TIMEOUT)
+                                            conn.accepted + self._handshake_timeout)
             except RefusedError as exc:
                 self._count(auth_failures=int(exc.auth))
                 log.warning("kvtier serve: %s: refused: %s", label, exc)
                 return
+            except TimeoutError:
+                self._count(handshake_timeouts=1)
+                log.warning("kvtier serve: %s: no handshake within %gs, closing the "
+                            "connection", label, self._handshake_timeout)
+                return
+            self._conns.authenticated(conn)
             try:
                 entry, chain = self._namespaces.acquire(
-                    hello.namespace, time.monotonic() + HANDSHAKE_TIMEOUT)
+                    hello.namespace, time.monotonic() + NAMESPACE_WAIT)
             except Exception as exc:
                 log.error("kvtier serve: %s: cannot open namespace %s: %s", label,
                           hello.namespace, exc)
                 self._count(errors=1)
                 pp.send_buffers(sock, [pp.error_frame(0, "unavailable", str(exc))],
-                                time.monotonic() + HANDSHAKE_TIMEOUT)
+                                time.monotonic() + NAMESPACE_WAIT)
                 return
             held = (hello.namespace, entry)
             self._requests(sock, label, reader, chain, min(self._max_payload, hello.max_payload))
@@ -395,16 +406,14 @@ class PeerServer:
         finally:
             if held is not None:
                 self._namespaces.release(*held)
-            sock.close()
-            with self._lock:
-                self._threads.discard(threading.current_thread())
+            self._conns.leave(conn)
 
     def _await_request(self, sock: socket.socket) -> bool:
         """Wait for the next request; False when stopping and nothing is on the wire."""
         while True:
             if self._stopping.is_set():
                 # answer what clients already sent, so a stop never cuts a request off
-                in_grace = time.monotonic() < self._stop_time + DRAIN_GRACE
+                in_grace = time.monotonic() < self._stop_time + self._grace
                 return in_grace and _readable(sock, 0)
             if _readable(sock, IDLE_POLL):
                 return True
@@ -488,6 +497,16 @@ class PeerServer:
         return removed
 
 
+def _seconds(name: str, text: str, *, positive: bool = False) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    if positive and not seconds:
+        raise ConfigError(f"{name} must be above 0, got {text}")
+    return seconds
+
+
 @click.command("serve")
 @click.option("--config", "config_path", required=True,
               type=click.Path(exists=True, dir_okay=False), help="Chain configuration (YAML).")
@@ -502,6 +521,15 @@ class PeerServer:
               help="Largest frame payload accepted or sent.")
 @click.option("--max-connections", type=click.IntRange(1, 65536), default=256,
               show_default=True)
+@click.option("--max-unauthenticated", type=click.IntRange(1, 65536),
+              default=MAX_UNAUTHENTICATED, show_default=True,
+              help="Connections still in their handshake, at most (and at most "
+                   "--max-connections); the oldest is closed to admit another.")
+@click.option("--handshake-timeout", default=f"{HANDSHAKE_TIMEOUT:g}s", show_default=True,
+              help="A connection that has not finished its handshake within this is closed.")
+@click.option("--grace", default=f"{DRAIN_GRACE:g}s", show_default=True,
+              help="After SIGTERM, requests in flight get this long; then connections "
+                   "still busy (a stalled client) are closed and the server exits.")
 @click.option("--max-namespaces", type=click.IntRange(1, 65536), default=64,
               show_default=True, help="Chains kept open; idle ones beyond are closed.")
 @click.option("--log-level", default="info", show_default=True,
@@ -513,6 +541,9 @@ def serve_command(
     stats_interval: float,
     max_payload: str,
     max_connections: int,
+    max_unauthenticated: int,
+    handshake_timeout: str,
+    grace: str,
     max_namespaces: int,
     log_level: str,
 ) -> None:
@@ -533,6 +564,10 @@ def serve_command(
             raise ConfigError(f"--max-payload must be 64KiB to 4GiB-1, got {max_payload}")
         server = PeerServer(load_config(config_path), host=host, port=port, secret=secret,
                             max_payload=limit, max_connections=max_connections,
+                            max_unauthenticated=max_unauthenticated,
+                            handshake_timeout=_seconds("--handshake-timeout",
+                                                       handshake_timeout, positive=True),
+                            grace=_seconds("--grace", grace),
                             max_namespaces=max_namespaces)
         address = server.start()
     except (KvtierError, OSError, ValueError) as exc:
