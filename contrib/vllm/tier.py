@@ -14,7 +14,8 @@ submit_store / submit_load
     ``Chain.submit_put`` / ``Chain.submit_get`` straight on the rows of vLLM's
     primary region (memoryview slices of ``primary_kv_view``): the chain's
     first tier reads from, or writes into, vLLM's host memory; no staging
-    copy.  Keys this tier knows it holds are not stored again.
+    copy.  Keys this tier knows it holds are not stored again.  A job naming
+    a chunk outside the primary region fails whole, before any I/O.
 get_finished_jobs
     Turns ``Chain.poll()`` results into vLLM ``JobResult`` s: a load with some
     keys missing or rejected (checksum) reports the loaded ones as
@@ -62,8 +63,6 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
-import numpy as np
-
 from kvtier.chain import Chain, ChainEvent
 from kvtier.config import load_config
 from kvtier.spec import KvtierError
@@ -85,6 +84,7 @@ from ._compat import (
 from .addressing import chain_key, namespace_for
 from .chain_like import ChainLike, UnopenedChain
 from .lookups import HIT, MISS, LookupVerdicts
+from .region import PrimaryRows
 from .tier_metrics import METRIC_PREFIX, AdapterCounters, metric_definitions, offloading_stats
 from .tier_options import TierOptions
 from .transfer_config import secondary_chain_config
@@ -210,9 +210,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         # KV events (when vLLM's are on): what the chain stored and removed
         self._events: deque[Any] | None = deque() if kv_events_enabled(offloading_spec) else None
         self._long_keys: dict[bytes, bytes] = {}  # digest -> vLLM key, for events
-        self._flat = primary_kv_view.cast("B")
-        # chunks whose whole payload lies in the region (vLLM's view: one row per chunk)
-        self._num_chunks = max(0, (len(self._flat) - self._payload) // self._row + 1)
+        self._region = PrimaryRows(primary_kv_view, self._row, self._payload)
         self._repair = ThreadPoolExecutor(1, thread_name_prefix="kvtier-vllm-repair")
         self._next_reopen = 0.0
         self._reopening = False
@@ -220,7 +218,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self.chain: ChainLike = self._open_first_chain()
         except BaseException:
             self._repair.shutdown()
-            self._flat.release()
+            self._region.release()
             raise
         self._init_state()
         _live.add(self)
@@ -371,28 +369,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             del self._damaged[k]
 
     # transfers -----------------------------------------------------------------------
-    def _rows(self, chunk_ids: Iterable[Any]) -> list[memoryview]:
-        row, size, flat = self._row, self._payload, self._flat
-        return [flat[int(c) * row : int(c) * row + size] for c in chunk_ids]
-
     def _chunks_fit(self, job_metadata: TransferJob, keys: list[Any]) -> bool:
-        """Whether the job names one chunk of the primary region per key.
-
-        A chunk id outside the region (past its last row, or negative) would
-        slice an empty or foreign row: a store would frame an empty payload
-        and a load would read nowhere.  Such a job fails whole, before
-        anything is stored or read, as vLLM's own fs tier refuses it.
-        """
-        ids = np.asarray(job_metadata.chunk_ids, dtype=np.int64).reshape(-1)
-        fits = len(ids) == len(keys) and bool(
-            ((ids >= 0) & (ids < self._num_chunks)).all()
-        )
-        if not fits:
-            log.warning(
-                "kvtier job %d refused: %d key(s), chunk ids %s, the primary region has "
-                "%d chunks", job_metadata.job_id, len(keys), ids.tolist()[:8], self._num_chunks,
-            )
-        return fits
+        """Whether the job names one chunk of the region per key (if not, it fails whole)."""
+        if self._region.fit(job_metadata.chunk_ids, len(keys)):
+            return True
+        log.warning("kvtier job %d refused: %d key(s), chunk ids %s, the primary region has "
+                    "%d chunks", job_metadata.job_id, len(keys),
+                    list(job_metadata.chunk_ids)[:8], self._region.count)
+        return False
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         now = time.monotonic()
@@ -414,7 +398,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             chain_keys = [chain_key(k) for k, _ in todo]
             if self._events is not None:
                 self._long_keys.update((ck, k) for (k, _), ck in zip(todo, chain_keys) if ck != k)
-            rows = self._rows(c for _, c in todo)
+            rows = self._region.rows(c for _, c in todo)
             damaged = [ck for ck in chain_keys if self._damaged.pop(ck, None) is not None]
             if damaged and not self.closed:
                 self._replace(job, damaged, chain_keys, rows)
@@ -430,7 +414,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 self._refuse_locked(job)
                 return
             self._submit_locked(job, lambda: self.chain.submit_get(
-                [chain_key(k) for k in keys], self._rows(job_metadata.chunk_ids)
+                [chain_key(k) for k in keys], self._region.rows(job_metadata.chunk_ids)
             ), now)
 
     def _submit_locked(self, job: _Job, submit: Any, now: float) -> None:
@@ -598,7 +582,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             with self._lock:
                 self._drain_locked(time.monotonic())
                 self._verdicts.drop_in_flight()
-            self._flat.release()
+            self._region.release()
             _live.discard(self)
 
     # stats ---------------------------------------------------------------------------
