@@ -182,8 +182,9 @@ def bench_command(config_path: str | None, block_size: str, blocks: int, rounds:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        # a pipe gets rich's 80 columns, too few for the tier table
-        render(report, Console(width=None if sys.stdout.isatty() else 150))
+        from kvtier.cli.output import console  # here: kvtier.cli imports this module
+
+        render(report, console())
     if report.get("tiers") and not all(r["verified"] for r in report["tiers"]["results"]):
         click.echo("kvtier bench: some blocks were not stored, not found, or read back "
                    "different from what was written (see the mismatches in --json)", err=True)

@@ -28,6 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier import __version__
+from kvtier.cli import output
 from kvtier.plugins.registry import BackendInfo
 from kvtier.spec import CONTRACT_VERSION, KvtierError
 from kvtier.testing.groups import GROUPS, REQUIREMENTS, SETTINGS
@@ -182,7 +183,7 @@ def run_conformance(
     sets class attributes of the kit (:data:`~kvtier.testing.groups.SETTINGS`),
     such as ``crash_rounds`` or ``lookup_exact``.
     """
-    out = console or Console()
+    out = console or output.console()
     parsed = {
         k: parse_option(f"{k}={v}")[1] if isinstance(v, str) else v for k, v in options.items()
     }

@@ -6,22 +6,19 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from kvtier import __version__
+from kvtier.cli.output import console
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import CONTRACT_VERSION, Capabilities, KvtierError, PluginError
 
 __all__ = ["main"]
 
-console = Console()
-err_console = Console(stderr=True)
-
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+    console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}")
     sys.exit(2)
 
 
@@ -69,8 +66,9 @@ def backends() -> None:
             caps = "(known once opened)"
         provider = f"{info.distribution} {info.version}" if info.distribution else "-"
         table.add_row(name, provider, info.value, escape(options or "-"), escape(caps))
-    console.print(table)
-    console.print("* required option", style="dim")
+    out = console()
+    out.print(table)
+    out.print("* required option", style="dim")
 
 
 @cli.group()
@@ -90,7 +88,7 @@ def validate(file: str) -> None:
         _fail(exc)
         return
     names = " -> ".join(t.name for t in loaded.tiers)
-    console.print(f"{file}: OK, {len(loaded.tiers)} tier(s): {names}", highlight=False)
+    console().print(escape(f"{file}: OK, {len(loaded.tiers)} tier(s): {names}"))
 
 
 @config.command()
@@ -111,7 +109,7 @@ def explain(file: str) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(escape(str(row[c])) for c in columns))
-    console.print(table)
+    console().print(table)
 
 
 def _attach_commands() -> None:

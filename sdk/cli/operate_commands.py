@@ -33,6 +33,7 @@ from kvtier.cli.operate import (
     remove,
     scrub_store,
 )
+from kvtier.cli.output import console
 from kvtier.config.loader import load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
 from kvtier.plugins.registry import default_registry
@@ -43,13 +44,8 @@ __all__ = ["inspect_command", "purge_command", "scrub_command"]
 _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
-def _console() -> Console:
-    # piped (a log, a pager): wide enough that rows do not wrap into columns of letters
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-
-
 def _fail(message: str) -> None:
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}")
+    console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
     sys.exit(2)
 
 
@@ -82,7 +78,7 @@ def _emit(as_json: bool, document: dict[str, Any], tables: Callable[[Console], N
     if as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
     else:
-        tables(_console())
+        tables(console())
 
 
 def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
