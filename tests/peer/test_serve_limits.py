@@ -4,6 +4,7 @@ drain deadline, ``--grace``) and idle sockets that never authenticate (their own
 
 from __future__ import annotations
 
+import re
 import select
 import signal
 import socket
@@ -17,6 +18,7 @@ from peer_server import PeerServer, node_config, run_serve
 
 from kvtier.block.framing import Codec, encode
 from kvtier.peer import protocol as pp
+from kvtier.peer.server import serve_command
 from kvtier.plugins.registry import BackendRegistry
 
 SECRET = "correct horse battery staple"
@@ -151,3 +153,12 @@ def test_bad_limits_are_refused(tmp_path: Path) -> None:
                                     "--handshake-timeout must be above 0")):
         done = run_serve([*base, option, value])
         assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_the_readme_gives_every_limit_of_serve_with_its_default() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(--[\w-]+)` \| `([^`|]+)` \| [^|]+ \|$", readme, flags=re.M))
+    options = {f"--{p.name.replace('_', '-')}": p.default for p in serve_command.params}
+    assert rows and {name: options.get(name) for name in rows} == {
+        name: int(value) if value.isdigit() else value for name, value in rows.items()}
+    assert f"`--grace` (default `{options['--grace']}`)" in readme
