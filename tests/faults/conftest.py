@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from faultkit import Report
 
-import kvtier.backends._peerwire as peer_wire
+import kvtier.backends.peer.wire as peer_wire
 import kvtier.chain.tier as tier_module
 
 

@@ -14,7 +14,7 @@ import pytest
 from peer_chain import NS, backend_of, block, chain_of, key, peer_tier, read
 from peer_server import PeerServer
 
-import kvtier.backends._peerwire as peer_wire
+import kvtier.backends.peer.wire as peer_wire
 import kvtier.chain.tier as tier_module
 from kvtier import Namespace
 from kvtier.block.framing import Codec, encode

@@ -35,6 +35,9 @@ own chains, which may span several tiers per node (RAM, disk, a bucket), so
 a listing through this client could neither say which tier holds a block nor
 repair or purge it there.  Operators run ``kvtier inspect``, ``scrub`` and
 ``purge`` on each serving node, against the chain file ``kvtier serve`` uses.
+
+The package: :mod:`.ring` places keys under ``hash``; :mod:`.wire` holds the
+connections, the pipelined requests and each peer's back-off.
 """
 
 from __future__ import annotations
@@ -60,9 +63,9 @@ from kvtier.spec import (
     hookimpl,
 )
 
-from ._batch import parts_nbytes
-from ._peerring import Ring
-from ._peerwire import Conn, Payload, Peer, PeerDown, chunks, connect
+from .._batch import parts_nbytes
+from .ring import Ring
+from .wire import Conn, Payload, Peer, PeerDown, chunks, connect
 
 __all__ = ["PeerBackend"]
 
