@@ -11,6 +11,9 @@ It writes into the strided per-worker views of the same
 read that file through ``primary_kv_view``, so a private buffer would leave
 them blind.
 
+A transfer naming a chunk outside the host region fails (its result says
+so) and copies nothing.
+
 Supported: several KV-cache groups, ``blocks_per_chunk > 1`` (a chunk's
 first/last engine block may be partial, as in vLLM's worker), tensors with
 padded pages.  Not supported: vLLM's ``canonical_layout`` (refused by the
@@ -113,6 +116,16 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
             region.cleanup()
 
     # copying -------------------------------------------------------------------
+    def _in_region(self, chunk_ids: np.ndarray) -> bool:
+        """Whether every chunk id names a chunk of the host region.
+
+        Out of it, torch's slicing gives an empty view that a one-block copy
+        broadcasts into silently: the job would report success and copy
+        nothing.  Such a job fails whole instead, before any copy.
+        """
+        chunks = min((int(h.shape[0]) for h in self._host), default=0)
+        return bool(((chunk_ids >= 0) & (chunk_ids < chunks)).all())
+
     def _transfer(self, job_id: int, engine_spec: Any, host_spec: Any, *, to_host: bool) -> bool:
         start = time.perf_counter()
         ids, group_sizes, block_indices = engine_blocks(engine_spec, self._tensors, self._refs)
@@ -123,6 +136,10 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
                 f"transfer names {len(group_sizes)} KV-cache group(s), the worker has "
                 f"{len(self._refs)}"
             )
+        if not self._in_region(chunk_ids):
+            self._done.append(TransferResult(job_id=job_id, success=False, transfer_size=0,
+                                             transfer_time=time.perf_counter() - start))
+            return True
         bpc = self._bpc
         engine_pos = chunk_pos = 0
         nbytes = 0

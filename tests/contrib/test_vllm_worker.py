@@ -73,3 +73,35 @@ def test_host_copy_worker_moves_blocks_of_several_groups(blocks_per_chunk: int) 
     assert not engine[0][:3].any() and not engine[0][6:].any()
     worker.shutdown()
     assert region.cleaned
+
+
+@pytest.mark.parametrize("bad", [4, -1])
+def test_host_copy_worker_fails_a_transfer_outside_the_host_region(bad: int) -> None:
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+        GPULoadStoreSpec,
+    )
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+    from kvtier.contrib.vllm.worker import HostCopyWorker
+
+    page = 64
+    engine = torch.ones(4, page, dtype=torch.int8)
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(engine, page)],
+                               [[CanonicalKVCacheRef(0, page)]])
+    region = FakeRegion(4, page)
+    worker = HostCopyWorker(caches, 1, region)
+    gpu = GPULoadStoreSpec([0, 1], group_sizes=[2], block_indices=[0])
+    one = GPULoadStoreSpec([2], group_sizes=[1], block_indices=[0])
+    assert worker.submit_store(1, gpu, CPULoadStoreSpec([3, bad]))
+    assert worker.submit_store(2, one, CPULoadStoreSpec([bad]))
+    assert worker.submit_load(3, CPULoadStoreSpec([bad]), one)
+    done = {r.job_id: r for r in worker.get_finished()}
+    assert [(done[i].success, done[i].transfer_size) for i in (1, 2, 3)] == [(False, 0)] * 3
+    assert not region.base.any()  # nothing was copied, not even the good chunk 3
+    assert (engine == 1).all()
+    worker.shutdown()
