@@ -45,18 +45,11 @@ import os
 import platform
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
-from kvtier.spec import (
-    BytesLike,
-    Capabilities,
-    ClosedError,
-    KvtierError,
-    Option,
-    ScanEntry,
-    hookimpl,
-)
+from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
+from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from ._batch import joined, nbytes, own, parts_nbytes, scatter
 
@@ -81,7 +74,6 @@ _OPTIONS: Mapping[str, Option] = {
                        default="128MiB"),
 }
 
-Evicted = MutableSequence[tuple[bytes, BytesLike]]
 _B = TypeVar("_B")
 #: Entries per kvtier_scan batch.
 _SCAN_BATCH = 1024
@@ -362,57 +354,44 @@ def _prefault(nbytes: int) -> None:
     del pieces
 
 
-def _check_batch(keys: Sequence[bytes], other: Sequence[object]) -> None:
-    if len(keys) != len(other):
-        raise ValueError(f"batch of {len(keys)} keys but {len(other)} blocks or buffers")
+class HostBackend(PutParts, GetInto, Tamper, Scan):
+    """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes.
 
+    The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
+    the policy object exists while the tier is open, under ``_lock``.
+    """
 
-class HostBackend:
-    """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes."""
+    name = "host"
+    OPTIONS = _OPTIONS
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._policy: _Policy | None = None
-        self._closed = False
         self._eviction = "lru"
         self._max_block_size: int | None = None
         self._limit = 0  # largest block admitted: min(capacity, max_block_size)
-        self._namespace = ""
 
     # lifecycle -------------------------------------------------------------
-    @hookimpl
-    def kvtier_options(self) -> dict[str, Option]:
-        return dict(_OPTIONS)  # pure introspection: fine before open and after close
-
-    @hookimpl
-    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+    def _open(self, options: Mapping[str, Any], namespace: str) -> None:
         # One instance serves one tier and one namespace, so RAM needs no
         # layout by namespace; it is kept only for kvtier_scan.
         # options arrive checked against _OPTIONS, defaults filled (BackendHandle.open)
         capacity: int = options["capacity"]
         max_block_size: int | None = options["max_block_size"]
-        prefault_bytes: int = options["prefault"]
         eviction: str = options["eviction"]
         with self._lock:
-            if self._closed:
-                raise ClosedError("host backend is closed")
-            if self._policy is not None:
-                raise KvtierError("host backend is already open")
             self._policy = _POLICIES[eviction](capacity)
             _tune_malloc(capacity)
-            _prefault(min(prefault_bytes, capacity))
+            _prefault(min(options["prefault"], capacity))
             self._eviction = eviction
-            self._namespace = namespace
             self._max_block_size = max_block_size
             self._limit = capacity if max_block_size is None else min(capacity, max_block_size)
 
-    @hookimpl
-    def kvtier_capabilities(self) -> Capabilities:
+    def _capabilities(self) -> Capabilities:
         with self._lock:
             # before open this describes the backend in general (for `kvtier backends`)
             policy = self._policy
-            if policy is None and self._closed:
-                raise ClosedError("host backend is closed")
             return Capabilities(
                 persistent=False,
                 shared=False,
@@ -423,8 +402,7 @@ class HostBackend:
                 extra={"eviction": self._eviction},
             )
 
-    @hookimpl
-    def kvtier_stats(self) -> dict[str, int]:
+    def _stats(self) -> dict[str, int]:
         with self._lock:
             policy = self._live()
             return {
@@ -435,38 +413,29 @@ class HostBackend:
                 **policy.extra_stats(),
             }
 
-    @hookimpl
-    def kvtier_close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             self._policy = None
-            self._closed = True
 
     # data path -------------------------------------------------------------
-    @hookimpl
-    def kvtier_put(
+    def _put(
         self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
     ) -> list[bool]:
-        _check_batch(keys, blocks)
-        return self._put(keys, blocks, nbytes, own, evicted)
+        return self._store(keys, blocks, nbytes, own, evicted)
 
-    @hookimpl
-    def kvtier_put_parts(
+    def _put_parts(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
     ) -> list[bool]:
-        _check_batch(keys, parts)
-        return self._put(keys, parts, parts_nbytes, joined, evicted)
+        return self._store(keys, parts, parts_nbytes, joined, evicted)
 
-    @hookimpl
-    def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+    def _get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         with self._lock:
             access = self._live().access
             return [access(key) for key in keys]
 
-    @hookimpl
-    def kvtier_get_into(
+    def _get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> list[int | None]:
-        _check_batch(keys, buffers)
         with self._lock:
             access = self._live().access
             found = [access(key) for key in keys]
@@ -482,19 +451,16 @@ class HostBackend:
             sizes.append(len(data))
         return sizes
 
-    @hookimpl
-    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+    def _lookup(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
             return self._live().holds(keys)
 
-    @hookimpl
-    def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
+    def _evict(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
             remove = self._live().remove
             return [remove(key) is not None for key in keys]
 
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         with self._lock:
             policy = self._live()
             old = policy.peek(key)
@@ -507,28 +473,26 @@ class HostBackend:
             policy.shed([])
             return True
 
-    @hookimpl
-    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+    def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         # RAM holds one namespace, its own.  Key and size are copied under the
         # lock once (a dict walk, no block bytes); batches are cut from that copy.
+        own_ns = self.namespace
         with self._lock:
-            held = self._live().sizes() if namespace in (None, self._namespace) else []
-        own = self._namespace
+            held = self._live().sizes() if namespace in (None, own_ns) else []
         return iter([
-            [ScanEntry(own, key, size) for key, size in held[start : start + _SCAN_BATCH]]
+            [ScanEntry(own_ns, key, size) for key, size in held[start : start + _SCAN_BATCH]]
             for start in range(0, len(held), _SCAN_BATCH)
         ])
 
     # internals -------------------------------------------------------------
     def _live(self) -> _Policy:
-        """The open policy; the caller holds the lock."""
+        """The open policy; the caller holds the lock (a close may have raced the call)."""
         policy = self._policy
         if policy is None:
-            state = "closed" if self._closed else "not open"
-            raise ClosedError(f"host backend is {state}")
+            raise self.closed_error()
         return policy
 
-    def _put(
+    def _store(
         self,
         keys: Sequence[bytes],
         blocks: Sequence[_B],

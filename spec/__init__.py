@@ -3,11 +3,18 @@
 Everything a backend author needs is importable from here::
 
     from kvtier.spec import hookimpl, Capabilities, Option, BackendError
+
+and the base class that implements the contract's shared rules once, with
+the helpers for a batch::
+
+    from kvtier.spec import BlockStore, check_batch, run_batch
 """
 
 from __future__ import annotations
 
 from . import hookspecs
+from .base import BlockStore, Evicted, GetInto, PutParts, Scan, Tamper
+from .batch import Failed, check_batch, first_positions, map_batch, run_batch
 from .errors import (
     BackendError,
     ClosedError,
@@ -36,6 +43,7 @@ __all__ = [
     "MAX_KEY_SIZE",
     "REQUIRED_HOOKS",
     "BackendError",
+    "BlockStore",
     "BytesLike",
     "Capabilities",
     "ClosedError",
@@ -43,15 +51,25 @@ __all__ = [
     "ConnectionClosedError",
     "ContractError",
     "CorruptBlockError",
+    "Evicted",
+    "Failed",
+    "GetInto",
     "KvtierError",
     "Option",
     "OptionType",
     "PluginError",
     "ProtocolError",
+    "PutParts",
     "RefusedError",
+    "Scan",
     "ScanEntry",
+    "Tamper",
     "VersionMismatchError",
+    "check_batch",
+    "first_positions",
     "hookimpl",
     "hookspec",
     "hookspecs",
+    "map_batch",
+    "run_batch",
 ]
