@@ -37,7 +37,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 import kvtier
 from kvtier.config import ChainConfig, load_config
-from kvtier.spec import ConfigError, KvtierError
+from kvtier.spec import ConfigError, KvtierError, PluginError
 
 from .args import storage_chain
 from .naming import MAX_REGIONS, PAGE, namespace_for, storage_key
@@ -134,9 +134,36 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         if chain is not None:
             chain.close()
 
-    def clear(self) -> None:
-        """Kept blocks stay: they are valid KV of this namespace (kvtier has no wipe-all)."""
-        log.info("kvtier: clear() keeps stored blocks; they stay valid for this namespace")
+    def clear(self) -> bool:
+        """Remove every block of this rank's namespace from the tiers that can list theirs.
+
+        SGLang's clear endpoint assumes the storage is empty afterwards.  Each
+        tier whose backend lists its blocks (``kvtier_scan``: fs, object,
+        Redis) is listed in this namespace, and what it holds is evicted from
+        every tier of the chain, so a copy in a RAM tier goes too.  What stays:
+        other namespaces (other ranks, models, dtypes, layouts) sharing the
+        store, and blocks only a tier that cannot list held (a ``peer`` tier,
+        or a kept ``host`` tier's blocks that no tier below held).  True once
+        every listing tier was cleared, False (logged) if one failed; like
+        SGLang's file backend, a fault is not raised.
+        """
+        chain = self.chain
+        if chain is None:
+            log.warning("kvtier: clear() before a host pool was registered (or after close)")
+            return False
+        removed, kept, failed = 0, [], []
+        for tier in list(chain.tiers):
+            try:
+                for batch in tier.scan(chain.namespace.hex):
+                    removed += chain.evict([entry[1] for entry in batch])
+            except PluginError:  # no kvtier_scan: it cannot say what it holds
+                kept.append(tier.name)
+            except Exception as exc:
+                failed.append(tier.name)
+                log.error("kvtier: clear() of tier %r failed: %r", tier.name, exc)
+        log.info("kvtier: clear() removed %d block(s) of namespace %s%s", removed,
+                 chain.namespace.hex, f"; tiers {kept} cannot list theirs, kept" if kept else "")
+        return not failed
 
     def chain_stats(self) -> dict[str, Any]:
         """The chain's per-tier counters plus the faults this adapter turned into misses."""

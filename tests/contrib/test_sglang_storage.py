@@ -350,6 +350,49 @@ def test_calls_before_registration_or_after_close_are_misses(tmp_path: Path) -> 
     assert backend.faults == 4
 
 
+# clear ------------------------------------------------------------------------------------
+def stored_blocks(root: Path, namespace: str) -> list[Path]:
+    return sorted((root / namespace).rglob("*.kvb"))
+
+
+def test_clear_removes_this_ranks_blocks_from_every_tier_and_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    chain_yaml = host_fs(tmp_path)
+    pool, other_pool = mha_pool("page_first"), mha_pool("page_first")
+    fill_random(pool, seed=8)
+    fill_random(other_pool, seed=9)
+    keys = page_hashes(4, seed=8)
+    backend = attach(chain_yaml, pool)
+    rank1 = attach(chain_yaml, other_pool, tp_rank=1, tp_size=2)  # another rank, same store
+    assert save_v1(backend, pool, keys, first_page=0)
+    assert save_v1(rank1, other_pool, keys, first_page=0)
+    backend.chain.flush()
+    rank1.chain.flush()
+    assert len(stored_blocks(tmp_path / "fs", backend.chain.namespace.hex)) == 4 * 2
+
+    # SGLang's clear endpoint, down to the backend (its attachment reports what this returns)
+    state = SimpleNamespace(enable_storage=True, storage_backend=backend)
+    assert HybridCacheController.clear_storage_backend(state) is True
+    assert backend.clear() is True  # nothing left: clearing again succeeds
+    assert backend.batch_exists(keys) == 0  # neither in the RAM tier nor on disk
+    assert backend.batch_get_v1(keys, indices(8, 4)) == [False] * 4
+    assert stored_blocks(tmp_path / "fs", backend.chain.namespace.hex) == []
+    backend.close()
+    again = attach(chain_yaml, mha_pool("page_first"))  # a new process finds nothing either
+    assert again.batch_exists(keys) == 0
+    again.close()
+
+    # the other rank's pages stay, byte for byte
+    assert rank1.batch_exists(keys) == 4
+    assert load_v1(rank1, other_pool, keys, first_page=8) == 4
+    assert page_bytes(other_pool, 8, 4) == page_bytes(other_pool, 0, 4)
+    rank1.close()
+    assert rank1.clear() is False  # closed: there is no namespace to clear
+
+
 # concurrency ------------------------------------------------------------------------------
 def test_threads_share_one_backend(tmp_path: Path) -> None:
     chain_yaml = host_fs(tmp_path)
