@@ -373,15 +373,24 @@ def checks_while_copying() -> bool:
 
 
 def decode_into(
-    blob: BytesLike, namespace: bytes, key: bytes, out: memoryview, *, verify: bool = True
+    blob: BytesLike,
+    namespace: bytes,
+    key: bytes,
+    out: memoryview,
+    *,
+    verify: bool = True,
+    header: Header | None = None,
 ) -> Header:
     """Check ``blob`` fully and write its raw payload into ``out``.
 
-    ``out`` must be exactly the raw payload size; a block of another size is
-    corrupt as far as this reader is concerned.  On error ``out`` may have
-    been partly written.
+    ``header`` is the block's, when the caller has parsed it already.
+    ``out`` must be exactly the raw payload size; a reader that cannot tell
+    a sound block of another size from a damaged one compares
+    ``header.raw_len`` first, as tiers do (:meth:`~kvtier.chain.tier.Tier.decode`).
+    On error ``out`` may have been partly written.
     """
-    header = parse_header(blob, namespace, key)
+    if header is None:
+        header = parse_header(blob, namespace, key)
     stored = memoryview(blob).cast("B")[header.size :]
     one_pass = (
         _xxh3copy is not None and header.codec == CODEC_NONE

@@ -186,19 +186,18 @@ class Chain:
         Into ``out`` when given (then the answer is ``b""``), else as new bytes.
         """
         tier = self.tiers[index]
-        try:
-            if out is None:
+        buffer = None
+        if out is None:
+            try:
                 buffer = bytearray(framing.parse_header(blob, self._ns, key).raw_len)
-                framing.decode_into(blob, self._ns, key, memoryview(buffer), verify=tier.verify)
-                served, nbytes = bytes(buffer), len(buffer)
-            else:
-                framing.decode_into(blob, self._ns, key, out, verify=tier.verify)
-                served, nbytes = b"", out.nbytes
-        except CorruptBlockError:
-            tier.stats.add(corrupt=1)
+            except CorruptBlockError:
+                tier.stats.add(corrupt=1)
+                return None
+            out = memoryview(buffer)
+        if not tier.decode(key, blob, out, held=False):
             return None
-        tier.stats.add(hits=1, bytes_out=nbytes)
-        return served
+        tier.stats.add(hits=1, bytes_out=out.nbytes)
+        return b"" if buffer is None else bytes(buffer)
 
     # writes -------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> list[bool]:

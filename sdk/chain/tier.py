@@ -90,6 +90,7 @@ class Tier:
         self.write_health = _Health()
         self.capabilities = Capabilities()
         self._serial: threading.Lock | None = None
+        self._sizes_logged: set[tuple[int, int]] = set()  # see _wrong_size
         self._in_process = False
         self._closed = False
 
@@ -269,17 +270,36 @@ class Tier:
             blobs = self._call("get", lambda: self.handle.get(sub_keys), len(sub_keys))
             if blobs is not None:
                 for i, blob in zip(fallback, blobs):
-                    if blob is None:
-                        continue
-                    try:
-                        framing.decode_into(
-                            blob, self._ns, keys[i], outs[i], verify=self.verify
-                        )
-                        found[i] = True
-                    except CorruptBlockError as exc:
-                        self._corrupt(keys[i], exc)
+                    if blob is not None:
+                        found[i] = self.decode(keys[i], blob, outs[i])
         self._count_reads(found, outs)
         return found
+
+    def decode(self, key: bytes, blob: BytesLike, out: memoryview, *, held: bool = True) -> bool:
+        """Check ``blob`` and write its payload into ``out``; True if it was served.
+
+        A damaged block is a miss counted in ``corrupt``, and dropped from
+        the backend when ``held`` (a block from the chain's queue is not in
+        it).  A sound block of another size than ``out`` is a miss counted in
+        ``size_mismatch`` and kept: the reader's buffer is wrong, not the
+        block, and dropping it would take it from every other reader (through
+        a ``peer`` tier, from every client of the node).
+        """
+        try:
+            header = framing.parse_header(blob, self._ns, key)
+            if header.raw_len != out.nbytes:
+                stored = memoryview(blob).cast("B")[header.size :]
+                framing.check_payload(header, stored, self.verify)  # sound, or corrupt
+                self._wrong_size(key, header.raw_len, out.nbytes)
+                return False
+            framing.decode_into(blob, self._ns, key, out, verify=self.verify, header=header)
+            return True
+        except CorruptBlockError as exc:
+            if held:
+                self._corrupt(key, exc)
+            else:
+                self.stats.add(corrupt=1)
+            return False
 
     def _reads_direct(self) -> bool:
         """Whether reads scatter blocks straight into the caller's buffers.
@@ -336,13 +356,20 @@ class Tier:
             if size is None:
                 continue
             if size != len(heads[i]) + outs[i].nbytes:
-                fallback.append(i)  # compressed or foreign: read it whole
+                fallback.append(i)  # compressed, of another size or foreign: read it whole
                 continue
             try:
                 header = framing.parse_header(heads[i], self._ns, keys[i])
+                layout = (header.size, header.codec, header.raw_len)
+            except CorruptBlockError:
+                layout = None
+            if layout != (len(heads[i]), framing.CODEC_NONE, outs[i].nbytes):
+                # damaged, or the same total split otherwise: read it whole, and
+                # :meth:`decode` tells a block of another size from a damaged one
+                fallback.append(i)
+                continue
+            try:
                 framing.check_payload(header, outs[i], self.verify)
-                if header.size != len(heads[i]) or header.codec != framing.CODEC_NONE:
-                    raise CorruptBlockError("header layout differs from an uncompressed block")
                 found[i] = True
             except CorruptBlockError as exc:
                 self._corrupt(keys[i], exc)
@@ -407,6 +434,19 @@ class Tier:
         # every read rejects, and a new copy of the key would be skipped as
         # already stored.  Best effort: a failure only trips the breaker.
         self._call("evict", lambda: self.handle.evict([key]), 1)
+
+    def _wrong_size(self, key: bytes, held: int, expected: int) -> None:
+        self.stats.add(size_mismatch=1)
+        with self.health.lock:  # logged once per pair of sizes, and for 64 pairs at most
+            first = (held, expected) not in self._sizes_logged and len(self._sizes_logged) < 64
+            if first:
+                self._sizes_logged.add((held, expected))
+        if first:
+            log.warning(
+                "tier %r: block %s holds %d bytes, the reader's buffer has %d; a miss, and the "
+                "block is kept (counted in size_mismatch; reads of these sizes are not logged "
+                "again)", self.name, key.hex()[:16], held, expected,
+            )
 
     def _count_reads(self, found: list[bool], outs: Sequence[memoryview]) -> None:
         hits = sum(found)

@@ -38,6 +38,8 @@ COUNTERS = (
     ("bytes_out", "served_bytes", "payload bytes served by the tier"),
     ("errors", "errors", "backend faults"),
     ("corrupt", "corrupt_blocks", "blocks rejected by a format or checksum check"),
+    ("size_mismatch", "size_mismatches",
+     "sound blocks of another size than the reader's buffer (a miss, the block kept)"),
     ("evictions", "evictions", "blocks pushed out by capacity"),
     ("demoted", "demoted_blocks", "blocks written on eviction from the tier above"),
     ("promoted", "promoted_blocks", "blocks copied up from a tier below"),

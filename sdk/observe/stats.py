@@ -69,6 +69,7 @@ class TierStats:
     bytes_out: int = 0  # payload bytes served from the tier
     errors: int = 0  # backend faults (exceptions)
     corrupt: int = 0  # blocks that failed a format or checksum check
+    size_mismatch: int = 0  # sound blocks of another size than the reader's buffer (kept)
     evictions: int = 0  # blocks pushed out by capacity
     demoted: int = 0  # blocks written here on eviction from the tier above
     promoted: int = 0  # blocks copied here from a tier below on a hit
