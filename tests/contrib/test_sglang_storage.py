@@ -393,6 +393,82 @@ def test_clear_removes_this_ranks_blocks_from_every_tier_and_keeps_the_others(
     assert rank1.clear() is False  # closed: there is no namespace to clear
 
 
+# runtime attach and detach ----------------------------------------------------------------
+def attaching_controller(pool: Any) -> Any:
+    """SGLang's own ``attach_storage_backend`` / ``detach_storage_backend``, as its admin
+    endpoints run them, on a controller whose storage threads, parallel groups and rank
+    config are left out (nothing here runs them: pages move through the page methods)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+
+    class Controller(HybridCacheController):  # type: ignore[misc]
+        def __init__(self) -> None:  # the attributes attach and detach read
+            self.enable_storage, self.host_memory_mode, self.page_size = False, "cache", PAGE
+            self.storage_host_pool = pool
+            self.mem_pool_host = HostPoolGroup(
+                [PoolEntry(PoolName.KV, pool, None, lambda layer: layer, True)])
+            self.storage_stop_event = threading.Event()
+            self.pp_group = self.attn_cp_group = self.attn_tp_group = self.tp_group = None
+            self.pp_prefetch_command_group = self.pp_prefetch_command_thread = None
+            self.pp_prefetch_state_lock = threading.Lock()
+            self.pp_prefetch_states, self.pp_prefetch_decisions = {}, {}
+            self.prefetch_hits_sync_groups, self.prefetch_completion_sync_groups = [], []
+
+        def _generate_storage_config(self, model_name: Any = None, extra: Any = None) -> Any:
+            return storage_config(extra, is_page_first_layout=pool.layout == "page_first")
+
+        def _start_storage_threads(self) -> None:
+            pass
+
+    return Controller()
+
+
+def test_detach_and_attach_again_in_one_process(tmp_path: Path) -> None:
+    from sglang.srt.runtime_context import get_parallel
+
+    chain_yaml = write_chain(tmp_path / "tiers.yaml", [
+        {"name": "ram", "backend": "host", "capacity": "64MiB"},
+        {"name": "disk", "backend": "fs", "url": str(tmp_path / "fs"), "write": "back"}])
+    pool = mha_pool("page_first")
+    fill_random(pool, seed=10)
+    keys = page_hashes(4, seed=10)
+    extra = extra_config(chain_yaml, interface_v1=True, keep_host_tier=True)
+    control = attaching_controller(pool)
+    with get_parallel().override(attn_dcp_size=1):
+        # an attach that fails (a chain file that is not there) leaves it detached
+        with pytest.raises(kvtier.ConfigError, match=r"missing\.yaml"):
+            control.attach_storage_backend("dynamic", storage_backend_extra_config={
+                **extra, "kvtier_config": str(tmp_path / "missing.yaml")})
+        assert control.storage_backend is None and not control.enable_storage
+        attached = []
+        for _ in range(3):
+            control.attach_storage_backend(
+                "dynamic", storage_backend_extra_config=dict(extra),
+                host_pools=control.mem_pool_host.entries)
+            attached.append(backend := control.storage_backend)
+            assert isinstance(backend, KvtierStorage)
+            namespace = backend.chain.namespace.hex
+            assert control.page_set_func.__name__ == "_page_set_zero_copy"
+            if len(attached) == 1:
+                assert control.page_set_func(keys, indices(0, 4))  # only in RAM until detach
+                assert stored_blocks(tmp_path / "fs", namespace) == []
+            else:  # the RAM tier was saved to disk at detach; the new chain reads it back
+                assert backend.batch_exists(keys) == 4
+                assert load_v1(backend, pool, keys, first_page=8 + 4 * len(attached)) == 4
+                assert page_bytes(pool, 8 + 4 * len(attached), 4) == page_bytes(pool, 0, 4)
+            chain = backend.chain
+            control.detach_storage_backend()
+            assert control.storage_backend is None and backend.chain is None
+            with pytest.raises(kvtier.ClosedError):
+                chain.lookup([storage_key(keys[0], 1)])
+            # a straggling call on the detached backend is a miss, not an exception
+            assert backend.batch_exists(keys) == 0
+            assert backend.batch_set_v1(keys, indices(0, 4)) == [False] * 4
+        assert len({id(b) for b in attached}) == 3  # a new backend on every attach
+    assert len(stored_blocks(tmp_path / "fs", namespace)) == 4 * 2  # K and V of 4 pages
+
+
 # concurrency ------------------------------------------------------------------------------
 def test_threads_share_one_backend(tmp_path: Path) -> None:
     chain_yaml = host_fs(tmp_path)
