@@ -51,14 +51,46 @@ Step = Callable[[int, Tier, list[int]], Sequence[bool]]
 _READ_WALKS = 3
 
 
+#: What a caller passes by mistake where a sequence of them is asked for: one
+#: ``bytes`` is a sequence too, of ints.
+_ONE_BUFFER = (bytes, bytearray, memoryview, str)
+
+
+def _sequence(items: Any, what: str, of: str) -> list[Any]:
+    if isinstance(items, _ONE_BUFFER) or not isinstance(items, Iterable):
+        raise TypeError(f"{what} must be a sequence of {of}, got {type(items).__name__}")
+    return list(items)
+
+
 def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
-    out = list(keys)
-    for key in out:
+    out = _sequence(keys, "keys", "bytes")
+    for i, key in enumerate(out):
         if not isinstance(key, bytes):
-            raise TypeError(f"keys must be bytes, got {type(key).__name__}")
+            raise TypeError(f"keys[{i}] must be bytes, got {type(key).__name__}")
         if not 0 < len(key) <= MAX_KEY_SIZE:
             raise ValueError(f"keys must be 1 to {MAX_KEY_SIZE} bytes long, got {len(key)}")
     return out
+
+
+def _byte_views(
+    blocks: Sequence[Any], n: int, what: str = "blocks", noun: str = "blocks"
+) -> list[memoryview]:
+    """Each block as a flat byte view; a TypeError names the first that is not bytes-like."""
+    items = _sequence(blocks, what, "bytes-like objects")
+    if len(items) != n:
+        raise ValueError(f"got {len(items)} {noun} for {n} keys")
+    views = []
+    for i, block in enumerate(items):
+        try:
+            view = memoryview(block)
+        except TypeError:
+            raise TypeError(
+                f"{what}[{i}] must be a bytes-like object, got {type(block).__name__}"
+            ) from None
+        if not view.c_contiguous:
+            raise TypeError(f"{what}[{i}] must be contiguous in memory")
+        views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+    return views
 
 
 def _one_frame(parts: Sequence[BytesLike]) -> BytesLike:
@@ -69,14 +101,10 @@ def _one_frame(parts: Sequence[BytesLike]) -> BytesLike:
 
 
 def _writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
-    if len(buffers) != n:
-        raise ValueError(f"got {len(buffers)} output buffers for {n} keys")
-    views = []
-    for buf in buffers:
-        view = memoryview(buf)
+    views = _byte_views(buffers, n, "out", "output buffers")
+    for i, view in enumerate(views):
         if view.readonly:
-            raise TypeError("output buffers must be writable (bytearray, numpy array, ...)")
-        views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+            raise TypeError(f"out[{i}] must be writable (bytearray, numpy array, ...)")
     return views
 
 
@@ -209,9 +237,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
-        if len(blocks) != len(keys):
-            raise ValueError(f"got {len(blocks)} blocks for {len(keys)} keys")
-        payloads = [memoryview(b).cast("B") for b in blocks]
+        payloads = _byte_views(blocks, len(keys))
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys = [keys[i] for i in offered]
@@ -246,8 +272,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
-        if len(blobs) != len(keys):
-            raise ValueError(f"got {len(blobs)} blocks for {len(keys)} keys")
+        _byte_views(blobs, len(keys))  # only to name a mistake: recode takes the blobs
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
@@ -443,16 +468,24 @@ class Chain:
 
     # asynchronous surface -------------------------------------------------------
     def submit_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> int:
-        """Start a put; returns a job id at once.  Keep ``blocks`` intact until it finishes."""
-        return self._jobs.submit("put", self.put, list(keys), list(blocks))
+        """Start a put; returns a job id at once.  Keep ``blocks`` intact until it finishes.
+
+        Mistakes in the arguments raise here.
+        """
+        keys = _check_keys(keys)
+        return self._jobs.submit("put", self.put, keys, _byte_views(blocks, len(keys)))
 
     def submit_get(self, keys: Sequence[bytes], out: Sequence[Any]) -> int:
-        """Start a get into ``out``; returns a job id at once."""
-        return self._jobs.submit("get", self.get, list(keys), list(out))
+        """Start a get into ``out``; returns a job id at once.
+
+        ``out`` is filled by the job; mistakes in the arguments raise here.
+        """
+        keys = _check_keys(keys)
+        return self._jobs.submit("get", self.get, keys, _writable(out, len(keys)))
 
     def submit_lookup(self, keys: Sequence[bytes]) -> int:
         """Start a lookup; the job's result is :meth:`lookup`'s answer."""
-        return self._jobs.submit("lookup", self.lookup, list(keys))
+        return self._jobs.submit("lookup", self.lookup, _check_keys(keys))
 
     def poll(self) -> list[JobResult]:
         """Jobs finished since the last poll (each reported once)."""
