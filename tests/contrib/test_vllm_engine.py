@@ -33,7 +33,7 @@ from kvtier.chain.catalog import CATALOG_HEX
 
 SUPPORT = Path(__file__).parents[1] / "support"
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-HAVE_OBJECT = (REPO / "backends" / "object.py").exists()
+HAVE_OBJECT = (REPO / "backends" / "object" / "__init__.py").exists()
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 
 # 4 full blocks of 32 tokens and 4 more: 128 tokens can come from a tier
@@ -267,7 +267,7 @@ def test_fresh_multiprocess_engine_serves_from_kvtier_and_rejects_damage(
 
 
 @needs_vllm
-@pytest.mark.skipif(not HAVE_OBJECT, reason="the object backend (backends/object.py) is missing")
+@pytest.mark.skipif(not HAVE_OBJECT, reason="the object backend (backends/object/) is missing")
 @pytest.mark.timeout(900)
 def test_second_instance_shares_through_object_store_and_survives_its_outage(
     stored: Stored, baseline: dict[str, list[int]], model_dir: str,

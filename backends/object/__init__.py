@@ -18,6 +18,9 @@ namespace (nodes sharing a pool) each see the others' blocks at the next
 LIST, every ``scan_interval``: ``capacity`` bounds the whole namespace after
 each pass, and between passes it can be exceeded by what the other writers
 stored since their last one.
+
+The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
+holds the presence cache and the capacity's index.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from kvtier.spec import (
     hookimpl,
 )
 
-from ._batch import Failed, first_positions, nbytes
-from ._objectfaults import Bucket, first_line
-from ._objectkeys import KeyIndex, PresenceCache
+from .._batch import Failed, first_positions, nbytes
+from .faults import Bucket, first_line
+from .keys import KeyIndex, PresenceCache
 
 if TYPE_CHECKING:
     from obstore.store import S3Config
