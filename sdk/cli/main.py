@@ -79,14 +79,23 @@ def config() -> None:
 @config.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 def validate(file: str) -> None:
-    """Validate FILE fully; exit 2 with the file, line and key of the first problem."""
-    from kvtier.config.loader import load_config
+    """Validate FILE without opening anything; exit 2 with every problem, sorted by line.
+
+    Each problem names the file, the line, the key and the tier.
+    """
+    from kvtier.config.loader import validate_config
 
     try:
-        loaded = load_config(file)
-    except KvtierError as exc:
+        loaded, problems = validate_config(file)
+    except KvtierError as exc:  # a backend that cannot be loaded
         _fail(exc)
         return
+    if problems or loaded is None:
+        err = console(stderr=True)
+        for problem in problems:
+            err.print(f"[bold red]error:[/] {escape(str(problem))}")
+        err.print(escape(f"{file}: {len(problems)} problem(s)"))
+        sys.exit(2)
     names = " -> ".join(t.name for t in loaded.tiers)
     console().print(escape(f"{file}: OK, {len(loaded.tiers)} tier(s): {names}"))
 

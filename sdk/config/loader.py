@@ -6,7 +6,10 @@ fields of :class:`TierConfig` that carry a ``kind``); its other keys
 are options of its backend, validated against ``kvtier_options`` and parsed
 (sizes to bytes, durations to seconds).  ``${VAR}``, ``${VAR:-default}`` and
 ``$$`` are expanded in string values first.  Every error names the file, the
-line and the key path; values of secret options are never shown.
+line and the key path (and the tier, inside one); values of secret options are
+never shown.  Validation goes on past a problem, so that one run reports every
+problem it can find, sorted by line (:func:`validate_config`); only a file
+that cannot be read as YAML, or a document without a chain, stops it early.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from kvtier.plugins.options import (
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError
 
-__all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config"]
+__all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config",
+           "validate_config"]
 
 _TOP_KEYS = ("chain", "metrics", "version")
 _METRICS_KEYS = ("prometheus_port", "log_interval")
@@ -85,6 +89,10 @@ class TierConfig:
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()
+    #: The entry's key path, ``chain[1]``, for errors found later (at open).
+    path: str = ""
+    #: ``file:line`` of each backend option given in the entry.
+    option_where: Mapping[str, str] = field(default_factory=dict)
 
 
 #: The fields a tier entry sets, in declaration order.
@@ -115,14 +123,39 @@ def load_config(
     """Read and validate a chain configuration from a YAML file path or a dict.
 
     Raises :class:`~kvtier.spec.ConfigError` naming ``file:line`` and the key
-    path of the first problem found.
+    path of the first problem by line; where there are several, its message
+    goes on with every other one, a line each (``file:line: key: reason``).
+    """
+    config, problems = validate_config(source, registry=registry)
+    if not problems:
+        assert config is not None
+        return config
+    first, *rest = problems
+    if not rest:
+        raise first
+    more = "\n".join(str(p) for p in rest)
+    raise ConfigError(f"{first.reason}\n{more}", where=first.where, key=first.key) from first
+
+
+def validate_config(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    registry: BackendRegistry | None = None,
+) -> tuple[ChainConfig | None, list[ConfigError]]:
+    """The configuration and every problem found in it, sorted by line.
+
+    The configuration is ``None`` when there are problems.  Nothing is
+    opened: backends' option checks do no I/O beyond a local ``stat``.
     """
     reg = registry if registry is not None else default_registry()
     if not isinstance(source, (str, os.PathLike)):
-        return _Validator("<dict>", None, reg).chain(source)
+        return _Validator("<dict>", None, reg).run(source)
     label = os.fspath(source)
-    data, lines = _read_yaml(label)
-    return _Validator(label, lines, reg).chain(data)
+    try:
+        data, lines, problems = _read_yaml(label)
+    except ConfigError as exc:
+        return None, [exc]
+    return _Validator(label, lines, reg, problems).run(data)
 
 
 def describe(config: ChainConfig) -> list[dict[str, str]]:
@@ -155,7 +188,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _read_yaml(label: str) -> tuple[Any, dict[str, int]]:
+def _read_yaml(label: str) -> tuple[Any, dict[str, int], list[ConfigError]]:
+    """The document's values, the line of each key path, and its duplicate keys."""
     try:
         with open(label, "rb") as f:
             raw = f.read()
@@ -182,7 +216,17 @@ def _read_yaml(label: str) -> tuple[Any, dict[str, int]]:
         raise ConfigError("the file is empty; expected a mapping with a 'chain' list",
                           where=f"{label}:1")
     walker = _NodeWalker(label)
-    return walker.value(root, ""), walker.lines
+    return walker.value(root, ""), walker.lines, walker.duplicates
+
+
+def _in_tier(problem: ConfigError, name: str, name_key: str) -> ConfigError:
+    """``problem`` saying which tier it is in (not for the tier's name itself)."""
+    if problem.key == name_key or problem.reason.endswith(f"(tier {name!r})"):
+        return problem
+    named = ConfigError(f"{problem.reason} (tier {name!r})", where=problem.where,
+                        key=problem.key)
+    named.__cause__, named.__suppress_context__ = problem.__cause__, True
+    return named
 
 
 def _check_depth(label: str, text: str) -> None:
@@ -209,6 +253,8 @@ class _NodeWalker:
     def __init__(self, label: str) -> None:
         self.label = label
         self.lines: dict[str, int] = {}
+        #: Keys given twice in a mapping: the first value is kept, and validation goes on.
+        self.duplicates: list[ConfigError] = []
         self._ctor = SafeConstructor()
         self._active: set[int] = set()
         self._count = 0
@@ -256,8 +302,10 @@ class _NodeWalker:
             key = key_node.value
             sub = f"{path}.{key}" if path else key
             if key in out:
-                self._fail(key_node, sub, f"duplicate key {key!r} "
-                           f"(first given on line {self.lines[sub]})")
+                self.duplicates.append(ConfigError(
+                    f"duplicate key {key!r} (first given on line {self.lines[sub]})",
+                    where=f"{self.label}:{key_node.start_mark.line + 1}", key=sub))
+                continue
             self.lines.setdefault(sub, key_node.start_mark.line + 1)
             out[key] = self.value(value_node, sub)
         merged: dict[str, Any] = {}
@@ -271,13 +319,53 @@ class _NodeWalker:
         return {**merged, **out}
 
 
-class _Validator:
-    """Validates plain values (from YAML or a dict); ``lines`` maps key paths to lines."""
+class _Collect:
+    def __init__(self, problems: list[ConfigError]) -> None:
+        self.problems = problems
 
-    def __init__(self, label: str, lines: dict[str, int] | None, registry: BackendRegistry):
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, ConfigError):
+            self.problems.append(exc)
+            return True
+        return False
+
+
+class _Validator:
+    """Validates plain values (from YAML or a dict); ``lines`` maps key paths to lines.
+
+    A check that fails raises :class:`~kvtier.spec.ConfigError` through
+    :meth:`fail`; :meth:`collect` records it and lets validation go on with
+    the next key, so that every problem is reported at once.
+    """
+
+    def __init__(self, label: str, lines: dict[str, int] | None, registry: BackendRegistry,
+                 problems: list[ConfigError] | None = None):
         self.label = label
         self.lines = lines
         self.registry = registry
+        self.problems: list[ConfigError] = list(problems or ())
+
+    def run(self, data: Any) -> tuple[ChainConfig | None, list[ConfigError]]:
+        config = None
+        with self.collect():
+            config = self.chain(data)
+        if not self.problems:
+            return config, []
+        # sorted by line, stably: problems on one line keep the order they were found
+        return None, sorted(self.problems, key=self._line)
+
+    def _line(self, problem: ConfigError) -> int:
+        if self.lines is None or problem.where is None:
+            return 0
+        line = problem.where.rpartition(":")[2]
+        return int(line) if line.isdigit() else 0
+
+    def collect(self) -> _Collect:
+        """A ``with`` block that records a problem raised inside, and goes on after it."""
+        return _Collect(self.problems)
 
     def where(self, path: str) -> str:
         if self.lines is None:
@@ -307,26 +395,29 @@ class _Validator:
         top = self.mapping(data, "", "a mapping with a 'chain' list")
         for key in top:
             if key not in _TOP_KEYS:
-                self.unknown(key, key, list(_TOP_KEYS))
-        version = self.scalar(top.get("version"), "version", "int")
-        if version is not None and version != 1:
-            self.fail("version", f"unsupported configuration version {version}; "
-                                 "this kvtier reads version 1")
+                with self.collect():
+                    self.unknown(key, key, list(_TOP_KEYS))
+        with self.collect():
+            version = self.scalar(top.get("version"), "version", "int")
+            if version is not None and version != 1:
+                self.fail("version", f"unsupported configuration version {version}; "
+                                     "this kvtier reads version 1")
         if "chain" not in top:
             self.fail("", "missing required key 'chain' (a list of tiers)")
         entries = top["chain"]
         if not isinstance(entries, (list, tuple)) or not entries:
             self.fail("chain", f"expected a non-empty list of tiers, got {describe_value(entries)}")
-        tiers: list[TierConfig] = []
+        tiers: list[TierConfig | None] = []
         seen: dict[str, str] = {}
         for i, entry in enumerate(entries):
-            tier = self.tier(entry, f"chain[{i}]", first=i == 0)
-            if tier.name in seen:
-                self.fail(f"chain[{i}].name", f"duplicate tier name {tier.name!r} "
-                          f"(already used by {seen[tier.name]} at {self.where(seen[tier.name])})")
-            seen[tier.name] = f"chain[{i}]"
+            tier = None
+            with self.collect():
+                tier = self.tier(entry, f"chain[{i}]", first=i == 0, seen=seen)
             tiers.append(tier)
-        return ChainConfig(tuple(tiers), self.metrics(top.get("metrics")), self.label)
+        metrics = MetricsConfig()
+        with self.collect():
+            metrics = self.metrics(top.get("metrics"))
+        return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label)
 
     def metrics(self, value: Any) -> MetricsConfig:
         if value is None:
@@ -334,60 +425,108 @@ class _Validator:
         entry = self.mapping(value, "metrics", "a mapping")
         for key in entry:
             if key not in _METRICS_KEYS:
-                self.unknown(f"metrics.{key}", key, list(_METRICS_KEYS))
-        port = self.scalar(entry.get("prometheus_port"), "metrics.prometheus_port", "int")
-        if port is not None and not 1 <= port <= 65535:
-            self.fail("metrics.prometheus_port", f"expected a port 1..65535, got {port}")
-        interval = self.scalar(entry.get("log_interval"), "metrics.log_interval", "duration")
-        if interval is not None and interval <= 0:
-            self.fail("metrics.log_interval", "must be longer than 0s")
+                with self.collect():
+                    self.unknown(f"metrics.{key}", key, list(_METRICS_KEYS))
+        port = interval = None
+        with self.collect():
+            port = self.scalar(entry.get("prometheus_port"), "metrics.prometheus_port", "int")
+            if port is not None and not 1 <= port <= 65535:
+                self.fail("metrics.prometheus_port", f"expected a port 1..65535, got {port}")
+        with self.collect():
+            interval = self.scalar(entry.get("log_interval"), "metrics.log_interval", "duration")
+            if interval is not None and interval <= 0:
+                self.fail("metrics.log_interval", "must be longer than 0s")
         return MetricsConfig(port, interval)
 
-    def tier(self, value: Any, path: str, *, first: bool) -> TierConfig:
+    def tier(self, value: Any, path: str, *, first: bool,
+             seen: dict[str, str]) -> TierConfig | None:
+        """The tier entry at ``path``, or ``None`` where it has problems (all recorded)."""
         entry = self.mapping(value, path, "a tier mapping with 'name' and 'backend'")
-        got: dict[str, Any] = {}
-        for key in ("name", "backend"):
-            raw = self.scalar(entry.get(key), f"{path}.{key}", "str")
-            if raw is None:
-                self.fail(f"{path}.{key}", f"missing required key {key!r}; "
-                          "every tier needs a 'name' and a 'backend'")
-            got[key] = raw
-        name, backend = got["name"], got["backend"]
-        if not _NAME_RE.fullmatch(name):
-            self.fail(f"{path}.name", f"invalid tier name {name!r}: use letters, digits, "
-                      "'_', '.' and '-'")
-        declared = self.backend_options(backend, f"{path}.backend")
-        secret = frozenset(k for k, opt in declared.items() if opt.secret)
-        accepted = sorted(TIER_KEYS | set(declared))
-        for key in entry:
-            if key not in TIER_KEYS and key not in declared:
-                self.unknown(f"{path}.{key}", key, accepted, f" for backend {backend!r}")
-        if first and entry.get("write") is not None:
-            self.fail(f"{path}.write", "'write' has no meaning on the first tier "
-                      "(it sets how a tier is written from the tier above)")
-        kw: dict[str, Any] = {}
-        for tier_key in _TIER_FIELDS[2:]:  # name and backend are read above
-            key, kind = tier_key.name, tier_key.metadata["kind"]
-            if kind == "shuffle":
-                kw[key] = self.shuffle(entry.get(key), f"{path}.{key}")
-                continue
-            val = self.scalar(entry.get(key), f"{path}.{key}", kind,
-                              choices=tier_key.metadata["choices"])
-            if val is not None:
-                kw[key] = val
-        level, workers = (kw.get(k, _TIER_DEFAULTS[k]) for k in ("codec_level", "workers"))
-        if level not in ZSTD_LEVELS:
-            self.fail(f"{path}.codec_level", f"zstd levels run from {ZSTD_LEVELS[0]} to "
-                      f"{ZSTD_LEVELS[-1]}, got {level}")
-        if not 1 <= workers <= 64:
-            self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {workers}")
+        before = len(self.problems)
+        name = self.tier_name(entry, path, seen)
+        backend, declared = self.tier_backend(entry, path)
+        if declared is not None:
+            accepted = sorted(TIER_KEYS | set(declared))
+            for key in entry:
+                if key not in TIER_KEYS and key not in declared:
+                    with self.collect():
+                        self.unknown(f"{path}.{key}", key, accepted, f" for backend {backend!r}")
+        kw = self.tier_keys(entry, path, first)
         options: dict[str, Any] = {}
-        for key, opt in declared.items():
-            value = self.interpolate(entry.get(key), f"{path}.{key}", opt.secret)
-            options[key] = parse_option(backend, key, opt, value,
-                                        functools.partial(self.fail, f"{path}.{key}"))
+        for key, opt in (declared or {}).items():
+            with self.collect():
+                value = self.interpolate(entry.get(key), f"{path}.{key}", opt.secret)
+                options[key] = parse_option(backend, key, opt, value,
+                                            functools.partial(self.fail, f"{path}.{key}"))
+        if name is not None:  # say which tier, beside the key path
+            self.problems[before:] = [_in_tier(p, name, f"{path}.name")
+                                      for p in self.problems[before:]]
+        if len(self.problems) > before or name is None or declared is None:
+            return None
         return TierConfig(name=name, backend=backend, options=CheckedOptions(options, backend),
-                          where=self.where(path), secret_options=secret, **kw)
+                          where=self.where(path), path=path,
+                          option_where={k: self.where(f"{path}.{k}") for k in entry
+                                        if k in declared},
+                          secret_options=frozenset(k for k, o in declared.items() if o.secret),
+                          **kw)
+
+    def tier_name(self, entry: Mapping[str, Any], path: str, seen: dict[str, str]) -> str | None:
+        with self.collect():
+            name = self.scalar(entry.get("name"), f"{path}.name", "str")
+            if name is None:
+                self.fail(f"{path}.name", "missing required key 'name'; "
+                          "every tier needs a 'name' and a 'backend'")
+            if not _NAME_RE.fullmatch(name):
+                self.fail(f"{path}.name", f"invalid tier name {name!r}: use letters, digits, "
+                          "'_', '.' and '-'")
+            if name in seen:
+                self.fail(f"{path}.name", f"duplicate tier name {name!r} "
+                          f"(already used by {seen[name]} at {self.where(seen[name])})")
+            seen[name] = path
+            return str(name)
+        return None
+
+    def tier_backend(self, entry: Mapping[str, Any],
+                     path: str) -> tuple[str, Mapping[str, Option] | None]:
+        """The backend's name and its declared options (``None``: unknown or not given)."""
+        backend = ""
+        with self.collect():
+            backend = self.scalar(entry.get("backend"), f"{path}.backend", "str")
+            if backend is None:
+                self.fail(f"{path}.backend", "missing required key 'backend'; "
+                          "every tier needs a 'name' and a 'backend'")
+            return backend, self.backend_options(backend, f"{path}.backend")
+        return backend or "", None
+
+    def tier_keys(self, entry: Mapping[str, Any], path: str, first: bool) -> dict[str, Any]:
+        """The keys every tier takes (:data:`TIER_KEYS`) that the entry sets, parsed."""
+        if first and entry.get("write") is not None:
+            with self.collect():
+                self.fail(f"{path}.write", "'write' has no meaning on the first tier "
+                          "(it sets how a tier is written from the tier above)")
+        kw: dict[str, Any] = {}
+        for tier_key in _TIER_FIELDS[2:]:  # name and backend are read apart
+            key, kind = tier_key.name, tier_key.metadata["kind"]
+            with self.collect():
+                if kind == "shuffle":
+                    kw[key] = self.shuffle(entry.get(key), f"{path}.{key}")
+                    continue
+                val = self.scalar(entry.get(key), f"{path}.{key}", kind,
+                                  choices=tier_key.metadata["choices"])
+                if val is not None:
+                    kw[key] = val
+        with self.collect():
+            level = kw.get("codec_level", _TIER_DEFAULTS["codec_level"])
+            if level not in ZSTD_LEVELS:
+                del kw["codec_level"]
+                self.fail(f"{path}.codec_level", f"zstd levels run from {ZSTD_LEVELS[0]} to "
+                          f"{ZSTD_LEVELS[-1]}, got {level}")
+        with self.collect():
+            workers = kw.get("workers", _TIER_DEFAULTS["workers"])
+            if not 1 <= workers <= 64:
+                del kw["workers"]
+                self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {workers}")
+        return kw
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:
         try:
