@@ -13,24 +13,34 @@ wait for storage.  One completion thread collects finished jobs
 
 Locks
     A lookup-and-lock pins each hit until ``submit_unlock`` (counted: two
-    locks need two unlocks).  A pinned key is never deleted through
-    :meth:`KvtierL2Adapter.delete` (LMCache's eviction): the delete waits
-    for the last unlock.  Blocks of non-persistent tiers (the RAM tier, which
-    evicts for room at every store) are also *copied* into adapter memory
-    at lock time, and a load of a pinned key is served from that copy, so
-    such a block cannot be lost before unlock whatever the chain evicts.
+    locks need two unlocks).  A pinned key deleted through
+    :meth:`KvtierL2Adapter.delete` (LMCache's eviction) is gone for every
+    lookup from then on, but leaves the chain only at its last unlock, so
+    its lock holders can still load it; a key deleted while a lookup is in
+    flight is never reported locked by it.  Blocks of non-persistent tiers
+    (the RAM tier, which evicts for room at every store) are also *copied*
+    into adapter memory at lock time, and a load of a pinned key is served
+    from that copy, so such a block cannot be lost before unlock whatever
+    the chain evicts.
     Blocks of persistent tiers (``fs``, ``object``) are not copied: their
     tiers drop blocks only by their own ``capacity``/``max_age`` settings,
     an outside delete or a fault, and then the load reports a miss, never
     wrong data.  ``lock_copies: all`` copies those too (a full guarantee at
     the cost of reading every hit at lookup time).  Copies are bounded by
     ``max_locked_bytes``; a hit that would exceed it is reported not found.
+    The size of a copy is LMCache's layout hint for the key's group, else
+    the size the key was stored with here, else read from the block.
 
 Usage
     ``get_usage`` comes from the chain's stats (bytes and capacities its
     backends report).  The adapter declares no capacity to LMCache
     (``max_capacity_bytes=0``): the chain's tiers evict by their own policies,
-    and LMCache runs no second, global eviction over them.
+    and LMCache runs no second, global eviction over them.  Bytes per
+    ``cache_salt`` (LMCache's per-salt quotas) are LMCache's own count of what
+    the adapter told its listeners: each key's payload bytes once when first
+    stored, taken off when deleted.  ``delete`` is synchronous: when it
+    returns the keys are out of the chain, and listeners have heard of the
+    keys that were held.
 """
 
 from __future__ import annotations
@@ -43,7 +53,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from lmcache.lmcache_native import Bitmap
@@ -52,6 +61,7 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 
 import kvtier
+from kvtier.spec import KvtierError
 
 from .keys import kvtier_key
 from .settings import AdapterSettings
@@ -177,9 +187,15 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._lookups: dict[int, Bitmap] = {}
         self._loads: dict[int, Bitmap] = {}
         self._pins: dict[bytes, int] = {}
-        self._copies: dict[bytes, bytearray] = {}
+        self._copies: dict[bytes, bytes | bytearray] = {}
         self._copied_bytes = 0
-        self._deferred: dict[bytes, ObjectKey] = {}
+        self._deferred: set[bytes] = set()  # deleted, removed from the chain at last unlock
+        #: payload sizes of the keys LMCache was told are stored (and not yet deleted)
+        self._held: dict[bytes, int] = {}
+        #: lookups in flight: their keys, and those of them deleted since they started
+        self._inflight: dict[int, tuple[frozenset[bytes], set[bytes]]] = {}
+        #: orders what listeners hear: a store's news and a delete's are never interleaved
+        self._telling = threading.Lock()
         self._counters = _Counters()
         self._closing = False
         self._thread = threading.Thread(
@@ -202,17 +218,20 @@ class KvtierL2Adapter(L2AdapterInterface):
         """Store ``objects`` (LMCache's L1 buffers, read straight) under ``keys``."""
         task_id = next(self._task_ids)
         sizes = [obj.get_size() for obj in objects]
+        kv = [kvtier_key(k) for k in keys]
 
         def done(res: kvtier.JobResult | None) -> None:
             flags = list(res.result) if res is not None and res.error is None else []
             stored = [i for i, flag in enumerate(flags) if flag]
             ok = len(flags) == len(keys) and len(stored) == len(keys)
-            with self._cond:
-                self._counters.stores += 1
-                self._counters.store_failures += not ok
-                self._stores[task_id] = L2StoreResult(ok, sum(sizes[i] for i in stored))
-            if stored:
-                self._notify_keys_stored([keys[i] for i in stored], [sizes[i] for i in stored])
+            with self._telling:
+                with self._cond:
+                    self._counters.stores += 1
+                    self._counters.store_failures += not ok
+                    self._stores[task_id] = L2StoreResult(ok, sum(sizes[i] for i in stored))
+                    new = self._hold(kv, sizes, stored)
+                if new:  # stored again: LMCache already counts it, as its own adapters do
+                    self._notify_keys_stored([keys[i] for i in new], [sizes[i] for i in new])
             self._efds["store"].signal()
 
         if len(keys) != len(objects):
@@ -220,11 +239,22 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._run_local(lambda: done(None))
             return task_id
         self._submit(
-            lambda: self.chain.submit_put([kvtier_key(k) for k in keys],
-                                          [_bytes_of(obj) for obj in objects]),
-            done,
+            lambda: self.chain.submit_put(kv, [_bytes_of(obj) for obj in objects]), done
         )
         return task_id
+
+    def _hold(self, kv: list[bytes], sizes: list[int], stored: list[int]) -> list[int]:
+        """Count the keys ``stored`` (indices) in the chain; those not counted before.
+
+        A key whose removal waited for its unlock is stored again: it stays.
+        """
+        new = []
+        for i in stored:
+            self._deferred.discard(kv[i])
+            if kv[i] not in self._held:
+                self._held[kv[i]] = sizes[i]
+                new.append(i)
+        return new
 
     def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
         with self._cond:
@@ -235,10 +265,16 @@ class KvtierL2Adapter(L2AdapterInterface):
     def submit_lookup_and_lock_task(
         self, keys: list[ObjectKey], group_layout_descs: dict[int, MemoryLayoutDesc]
     ) -> int:
-        """Find ``keys`` and pin the hits (see the module notes); a bitmap of the pinned."""
+        """Find ``keys`` and pin the hits (see the module notes); a bitmap of the pinned.
+
+        ``group_layout_descs`` gives the size of a block to copy; LMCache calls it
+        advisory, and without it the size is the one stored, or read from the block.
+        """
         task_id = next(self._task_ids)
         kv = [kvtier_key(k) for k in keys]
         sizes = {gid: _layout_bytes(desc) for gid, desc in (group_layout_descs or {}).items()}
+        with self._cond:  # before the job starts: a delete from now on vetoes its keys
+            self._inflight[task_id] = (frozenset(kv), set())
         self._submit(
             lambda: self.chain.submit_lookup(kv),
             lambda res: self._after_lookup(task_id, keys, kv, sizes, res),
@@ -253,45 +289,74 @@ class KvtierL2Adapter(L2AdapterInterface):
         if len(where) != len(kv):
             where = [None] * len(kv)
         locked = [False] * len(kv)
-        to_copy: list[int] = []
+        to_copy: list[tuple[int, int]] = []  # (index, size)
+        unsized: list[int] = []
         with self._cond:
             for i, tier in enumerate(where):
-                if tier is None:
+                if tier is None or self._deleted(task_id, kv[i]):
                     continue
                 if kv[i] in self._copies or not self._copy_tier[tier]:
                     self._pin(kv[i])
                     locked[i] = True
                     continue
-                size = sizes.get(keys[i].object_group_id)
-                if size is None or self._copied_bytes + size > self.settings.max_locked_bytes:
-                    self._counters.lock_over_budget += 1
-                    continue
-                self._copied_bytes += size
-                to_copy.append(i)
+                size = sizes.get(keys[i].object_group_id, self._held.get(kv[i]))
+                if size is None:
+                    unsized.append(i)
+                elif self._reserve(size):
+                    to_copy.append((i, size))
+        read: list[tuple[int, bytes | bytearray, bool]] = []
+        if unsized:  # no hint, not stored here: only the block's header has its size
+            try:
+                payloads = self.chain.get_bytes([kv[i] for i in unsized])
+            except KvtierError as exc:  # closed meanwhile: misses
+                log.warning("kvtier: reading blocks to lock failed: %r", exc)
+                payloads = [None] * len(unsized)
+            for i, payload in zip(unsized, payloads):
+                if payload is not None and self._reserve(len(payload)):
+                    read.append((i, payload, True))
         if not to_copy:
-            self._finish_lock(task_id, locked)
+            self._after_copy(task_id, kv, locked, read)
             return
-        buffers = [bytearray(sizes[keys[i].object_group_id]) for i in to_copy]
-        self._submit(
-            lambda: self.chain.submit_get([kv[i] for i in to_copy], buffers),
-            lambda got: self._after_copy(task_id, kv, locked, to_copy, buffers, got),
-        )
+        buffers = [bytearray(size) for _, size in to_copy]
+
+        def copied(res: kvtier.JobResult | None) -> None:
+            flags = list(res.result) if res is not None and res.error is None else []
+            if len(flags) != len(to_copy):
+                flags = [False] * len(to_copy)
+            got: list[tuple[int, bytes | bytearray, bool]] = [
+                (i, b, bool(f)) for (i, _), b, f in zip(to_copy, buffers, flags)
+            ]
+            self._after_copy(task_id, kv, locked, read + got)
+
+        self._submit(lambda: self.chain.submit_get([kv[i] for i, _ in to_copy], buffers), copied)
+
+    def _deleted(self, task_id: int, key: bytes) -> bool:
+        """Whether ``key`` was deleted since lookup ``task_id`` started, or waits for removal."""
+        return key in self._deferred or key in self._inflight[task_id][1]
+
+    def _reserve(self, size: int) -> bool:
+        """Take ``size`` bytes of the copies' bound; False (and counted) past it."""
+        with self._cond:
+            if self._copied_bytes + size > self.settings.max_locked_bytes:
+                self._counters.lock_over_budget += 1
+                return False
+            self._copied_bytes += size
+            return True
 
     def _after_copy(
-        self, task_id: int, kv: list[bytes], locked: list[bool], to_copy: list[int],
-        buffers: list[bytearray], res: kvtier.JobResult | None,
+        self, task_id: int, kv: list[bytes], locked: list[bool],
+        copies: list[tuple[int, bytes | bytearray, bool]],
     ) -> None:
-        flags = list(res.result) if res is not None and res.error is None else []
-        if len(flags) != len(to_copy):
-            flags = [False] * len(to_copy)
+        """Keep the copies found (index, buffer, found) unless deleted meanwhile; pin them."""
         with self._cond:
-            for i, buffer, flag in zip(to_copy, buffers, flags):
-                if flag and kv[i] not in self._copies:
+            for i, buffer, found in copies:
+                deleted = self._deleted(task_id, kv[i])
+                if found and not deleted and kv[i] not in self._copies:
                     self._copies[kv[i]] = buffer
                     self._counters.lock_copies += 1
-                else:  # a miss, or another lock copied it meanwhile
+                else:  # a miss, deleted, or another lock copied it meanwhile
                     self._copied_bytes -= len(buffer)
-                if flag or kv[i] in self._copies:
+                if not deleted and kv[i] in self._copies:
                     self._pin(kv[i])
                     locked[i] = True
         self._finish_lock(task_id, locked)
@@ -305,6 +370,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             if flag:
                 bitmap.set(i)
         with self._cond:
+            self._inflight.pop(task_id, None)
             self._counters.lookups += 1
             self._counters.locked += sum(locked)
             self._lookups[task_id] = bitmap
@@ -315,8 +381,8 @@ class KvtierL2Adapter(L2AdapterInterface):
             return self._lookups.pop(task_id, None)
 
     def submit_unlock(self, keys: list[ObjectKey]) -> None:
-        """Drop one pin per key; the last one frees its copy and runs a deferred delete."""
-        ready: list[ObjectKey] = []
+        """Drop one pin per key; the last one frees its copy and removes a deleted key."""
+        ready: list[bytes] = []
         with self._cond:
             for key in keys:
                 kv = kvtier_key(key)
@@ -330,9 +396,9 @@ class KvtierL2Adapter(L2AdapterInterface):
                     if copy is not None:
                         self._copied_bytes -= len(copy)
                     if kv in self._deferred:
-                        ready.append(self._deferred.pop(kv))
+                        ready.append(kv)
         if ready:
-            self._run_local(lambda: self._delete_now(ready))
+            self._run_local(lambda: self._remove_deleted(ready))
 
     # load ---------------------------------------------------------------------
     def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> int:
@@ -388,22 +454,48 @@ class KvtierL2Adapter(L2AdapterInterface):
 
     # eviction and usage ---------------------------------------------------------
     def delete(self, keys: list[ObjectKey]) -> None:
-        """Remove ``keys`` from every tier; a pinned key goes at its last unlock."""
-        now: list[ObjectKey] = []
-        with self._cond:
-            for key in keys:
-                kv = kvtier_key(key)
-                if kv in self._pins:
-                    self._deferred[kv] = key
-                    self._counters.deletes_deferred += 1
-                else:
-                    now.append(key)
-        if now:
-            self._run_local(lambda: self._delete_now(now))
+        """Remove ``keys``; done when this returns, for usage, lookups and listeners.
 
-    def _delete_now(self, keys: list[ObjectKey]) -> None:
-        self.chain.evict([kvtier_key(k) for k in keys])
-        self._notify_keys_deleted(keys, [0] * len(keys))
+        Listeners hear of the keys that were held (stored here, or found in
+        the chain).  A pinned key is gone for new lookups at once, stays
+        loadable by its lock holders, and leaves the chain at its last unlock.
+        """
+        kv = list(dict.fromkeys(kvtier_key(k) for k in keys))
+        by_kv = {kvtier_key(k): k for k in keys}
+        now: list[bytes] = []
+        deferred: list[bytes] = []
+        with self._cond:
+            for key in kv:
+                for wanted, vetoed in self._inflight.values():
+                    if key in wanted:  # a lookup in flight must not lock it
+                        vetoed.add(key)
+                if key not in self._pins:
+                    now.append(key)
+                elif key not in self._deferred:
+                    self._deferred.add(key)
+                    deferred.append(key)
+                    self._counters.deletes_deferred += 1
+        removed = set(deferred)
+        if now:
+            try:
+                removed.update(k for k, flag in zip(now, self.chain.evict_each(now)) if flag)
+            except KvtierError as exc:  # closed: nothing was removed
+                log.warning("kvtier: delete failed: %r", exc)
+        with self._telling:
+            with self._cond:
+                sizes = {key: self._held.pop(key, 0) for key in kv
+                         if key in self._held or key in removed}
+            if sizes:
+                self._notify_keys_deleted([by_kv[k] for k in sizes], list(sizes.values()))
+
+    def _remove_deleted(self, kv: list[bytes]) -> None:
+        """Remove deleted keys whose last lock went, unless stored again meanwhile."""
+        with self._cond:
+            kv = [k for k in kv if k in self._deferred and k not in self._pins]
+        if kv:
+            self.chain.evict_each(kv)
+        with self._cond:
+            self._deferred.difference_update(kv)
 
     def get_usage(self) -> AdapterUsage:
         """Bytes the chain's backends hold, and their capacity (0 if any tier has none)."""
@@ -415,7 +507,8 @@ class KvtierL2Adapter(L2AdapterInterface):
         return AdapterUsage(
             total_bytes_used=used,
             total_capacity_bytes=sum(int(c) for c in capacities) if known else 0,
-            bytes_by_cache_salt=MappingProxyType({}),
+            # LMCache's base class counts what _notify_keys_stored/_deleted told it
+            bytes_by_cache_salt=super().get_usage().bytes_by_cache_salt,
         )
 
     def report_status(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from lmcache_driver import (  # noqa: E402
     CHUNK,
     DESCS,
     WAIT_S,
+    Recorder,
     build,
     fetch,
     fill,
@@ -256,3 +257,74 @@ def test_delete_of_a_locked_block_waits_for_unlock(
     while adapter.chain.lookup(kv[:1]) != [None] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert adapter.chain.lookup(kv[:1]) == [None]
+
+
+def test_lookup_without_a_layout_hint_finds_the_ram_tier(
+    tmp_path: Path, adapter_of: Any, l1: Any
+) -> None:
+    """LMCache calls the layout hint advisory: without it a RAM hit is still found, locked and
+    copied, whether this adapter stored the block (its size is known) or not (read to learn it)."""
+    path = write_yaml(tmp_path / "tiers.yaml", [
+        {"name": "ram", "backend": "host", "capacity": 5 * CHUNK - 1}])  # 4 framed blocks
+    adapter = adapter_of(path)
+    keys = [okey(i) for i in range(8)]
+    objs = objects(l1, 8)
+    data = fill(objs, seed=15)
+    store(adapter, keys[:2], objs[:2])
+    adapter.chain.put([kvtier_key(keys[2])], [data[2]])  # in RAM, not stored by the adapter
+    assert lock(adapter, keys[:4], descs={}) == [True, True, True, False]
+    store(adapter, keys[4:], objs[4:])  # evicts everything stored before from the RAM tier
+    assert adapter.chain.lookup([kvtier_key(k) for k in keys[:3]]) == [None] * 3
+    bufs = objects(l1, 3)
+    assert load(adapter, keys[:3], bufs) == [True] * 3
+    assert [bytes(b.byte_array) for b in bufs] == data[:3]
+    adapter.submit_unlock(keys[:3])
+    assert adapter.report_status()["copied_bytes"] == 0
+
+
+# --- deletes and usage ------------------------------------------------------------------
+def test_delete_is_done_when_it_returns(tmp_path: Path, adapter_of: Any, l1: Any) -> None:
+    """Once delete() returns, usage, lookups and LMCache's listeners agree the keys are gone,
+    and listeners hear of exactly the keys that were removed."""
+    path = write_yaml(tmp_path / "tiers.yaml", [
+        {"name": "ram", "backend": "host", "capacity": 1 << 20}])
+    adapter = adapter_of(path)
+    heard = Recorder()
+    adapter.register_listener(heard)
+    keys = [okey(i) for i in range(4)]
+    objs = objects(l1, 4)
+    data = fill(objs, seed=16)
+    store(adapter, keys, objs)
+    assert heard.of("stored") == [keys]
+    before = adapter.get_usage()
+    adapter.delete([keys[0], okey(9), keys[1]])  # key 9 was never stored
+    after = adapter.get_usage()
+    assert heard.of("deleted") == [[keys[0], keys[1]]]
+    assert after.total_bytes_used == before.total_bytes_used // 2 > 0
+    assert dict(after.bytes_by_cache_salt) == {"": 2 * CHUNK}
+    assert adapter.chain.lookup([kvtier_key(k) for k in keys]) == [None, None, 0, 0]
+    assert fetch(adapter, l1, keys) == [None, None, *data[2:]]
+    adapter.delete(keys[:2])  # gone already: nobody is told twice
+    assert heard.of("deleted") == [[keys[0], keys[1]]]
+
+
+def test_bytes_by_cache_salt_feed_lmcache_quotas(
+    tmp_path: Path, adapter_of: Any, l1: Any
+) -> None:
+    """LMCache's per-salt quotas read ``bytes_by_cache_salt``: the bytes of each salt's chunks
+    the adapter holds, counted once however often a chunk is stored, and dropped on delete."""
+    adapter = adapter_of(host_fs(tmp_path))
+    alice = [okey(i, salt="alice") for i in range(3)]
+    bob = [okey(i, salt="bob") for i in range(2)]
+    objs = objects(l1, 5)
+    fill(objs, seed=17)
+    assert dict(adapter.get_usage().bytes_by_cache_salt) == {}
+    store(adapter, alice, objs[:3])
+    store(adapter, bob, objs[3:])
+    assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 3 * CHUNK, "bob": 2 * CHUNK}
+    store(adapter, alice[:2], objs[:2])  # stored again: counted once
+    assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 3 * CHUNK, "bob": 2 * CHUNK}
+    adapter.delete(bob[:1])
+    assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 3 * CHUNK, "bob": CHUNK}
+    adapter.delete(bob)
+    assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 3 * CHUNK}

@@ -70,6 +70,8 @@ def test_lmcache_storage_manager_stores_and_prefetches_through_kvtier(tmp_path: 
         with manager.read_prefetched_results(keys, result.l1_owners) as objs:
             assert objs is not None
             assert [bytes(o.byte_array) for o in objs] == [data[k] for k in keys]
+        # what LMCache's quota endpoints report for each salt
+        assert manager.get_usage_bytes_by_cache_salt() == {"s1": 6 * CHUNK}
         status = adapter.report_status()
         assert status["pinned_keys"] == 0 and status["copied_bytes"] == 0  # LMCache unlocked
         assert status["load_hits"] == 6 and status["store_failures"] == 0

@@ -26,6 +26,7 @@ import torch
 import yaml
 from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
 from lmcache.v1.distributed.config import L1MemoryManagerConfig
+from lmcache.v1.distributed.internal_api import L2AdapterListener
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import (
     add_l2_adapters_args,
@@ -159,11 +160,33 @@ def store(adapter: KvtierL2Adapter, keys: list[ObjectKey], objs: list[Any]) -> A
     return until(done, adapter.get_store_event_fd())
 
 
-def lock(adapter: KvtierL2Adapter, keys: list[ObjectKey]) -> list[bool]:
-    task = adapter.submit_lookup_and_lock_task(keys, DESCS)
+def lock(
+    adapter: KvtierL2Adapter, keys: list[ObjectKey], descs: dict[int, Any] | None = None
+) -> list[bool]:
+    """Lookup-and-lock; ``descs`` is LMCache's advisory layout hint (default: ``DESCS``)."""
+    task = adapter.submit_lookup_and_lock_task(keys, DESCS if descs is None else descs)
     bitmap = until(lambda: adapter.query_lookup_and_lock_result(task),
                    adapter.get_lookup_and_lock_event_fd())
     return [bitmap.test(i) for i in range(len(keys))]
+
+
+class Recorder(L2AdapterListener):
+    """An LMCache L2 listener that records what the adapter tells it, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, list[ObjectKey]]] = []
+
+    def on_l2_keys_stored(self, keys: list[ObjectKey], sizes: list[int]) -> None:
+        self.events.append(("stored", list(keys)))
+
+    def on_l2_keys_accessed(self, keys: list[ObjectKey]) -> None:
+        self.events.append(("accessed", list(keys)))
+
+    def on_l2_keys_deleted(self, keys: list[ObjectKey]) -> None:
+        self.events.append(("deleted", list(keys)))
+
+    def of(self, kind: str) -> list[list[ObjectKey]]:
+        return [keys for what, keys in self.events if what == kind]
 
 
 def load(adapter: KvtierL2Adapter, keys: list[ObjectKey], objs: list[Any]) -> list[bool]:
