@@ -23,6 +23,7 @@ from kvtier.spec import (
     BytesLike,
     Capabilities,
     ClosedError,
+    ConfigError,
     ContractError,
     CorruptBlockError,
     ScanEntry,
@@ -96,12 +97,24 @@ class Tier:
 
     # lifecycle ----------------------------------------------------------------
     def open(self) -> None:
-        self.handle.open(self.config.options, self.namespace.hex)
+        try:
+            self.handle.open(self.config.options, self.namespace.hex)
+        except ConfigError as exc:
+            raise self._config_error(exc) from exc
         self.capabilities = self.handle.capabilities()
         self._in_process = not (self.capabilities.persistent or self.capabilities.shared)
         if not self.capabilities.thread_safe:
             # the contract promises such backends one call at a time
             self._serial = threading.Lock()
+
+    def _config_error(self, exc: ConfigError) -> ConfigError:
+        """``exc`` (an option the backend refused at open) naming the tier, its entry and line."""
+        config = self.config
+        key = exc.key
+        where = config.option_where.get(key, config.where) if key else config.where
+        if key and config.path:
+            key = f"{config.path}.{key}"
+        return ConfigError(f"{exc.reason} (tier {self.name!r})", where=where, key=key)
 
     def close(self) -> None:
         if not self._closed:
