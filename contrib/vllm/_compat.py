@@ -264,6 +264,7 @@ def offloading_fields(config: Any) -> dict[str, Any]:
         "dcp": int(parallel.dcp_size),
         "world_size": int(parallel.world_size),
         "rank": int(parallel.rank),
+        "parallel_agnostic": bool(getattr(parallel, "is_parallelism_agnostic", False)),
     }
 
 

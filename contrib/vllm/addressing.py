@@ -12,7 +12,11 @@ mean: model, KV dtype, tokens per chunk, the row layout (KV cache layout, row
 bytes, blocks per chunk, tokens per hash, groups and their layers,
 canonical/replicated flags, vLLM release) and the parallel layout
 (tp/pp/pcp/dcp, world size, rank).  Engines that differ in any of them never
-exchange blocks.
+exchange blocks, with one exception that vLLM's own fs tier makes too: where
+vLLM declares a chunk's bytes independent of the parallel layout (its
+``is_parallelism_agnostic``, or a ``replicated_layout``), the parallel layout
+is that of one worker, so a TP=2 writer and a TP=4 reader share blocks.  The
+row bytes stay in the namespace, so rows of another size never mix.
 """
 
 from __future__ import annotations
@@ -69,6 +73,10 @@ def namespace_for(
     release = ".".join(VLLM_VERSION.split(".")[:2])
     fields: dict[str, str] = {"engine": f"vllm-{release}", "layers": layers}
     fields.update({str(k): str(v) for k, v in (extra or {}).items()})
+    if f["parallel_agnostic"] or f["replicated_layout"]:
+        # the same bytes under any topology: named as one worker's, as vLLM's
+        # FileMapper collapses them (a single-worker engine keeps its namespace)
+        f.update(tp=1, pp=1, pcp=1, dcp=1, world_size=1, rank=0)
     return Namespace(
         model=model or f["model"],
         dtype=f["dtype"],

@@ -181,6 +181,52 @@ def test_tier_fails_a_job_naming_a_chunk_outside_the_region(
     assert finish(other, {5})[5].success and (region2[0] == 5).all()
 
 
+@pytest.mark.parametrize("portable", ["agnostic", "replicated"])
+def test_tiers_of_other_tp_sizes_share_blocks_only_when_the_bytes_are_the_same(
+    tmp_path: Path, portable: str
+) -> None:
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_offload.base import LookupResult
+
+    from kvtier.contrib.vllm.tier import KvtierTier
+
+    config = write_yaml(tmp_path / "tiers.yaml", [
+        {"name": "disk", "backend": "fs", "url": str(tmp_path / "store")}])
+    tiers: list[Any] = []
+
+    def tier(tp: int, same_bytes: bool = True, row: int = ROW) -> tuple[Any, np.ndarray]:
+        flags = {"agnostic": same_bytes and portable == "agnostic",
+                 "replicated": same_bytes and portable == "replicated"}
+        region = np.zeros((4, row), dtype=np.uint8)
+        stub = SpecStub(row, ("layers.0.attn", "layers.1.attn"), tp=tp, **flags)
+        tiers.append(KvtierTier(stub, memoryview(region), "KvtierTier", config=str(config)))
+        return tiers[-1], region
+
+    try:
+        keys = [b"p" * 36, b"q" * 36]
+        for same_bytes in (True, False):  # vLLM says a row is the same bytes under any TP, or not
+            writer, region = tier(2, same_bytes)
+            region[0] = np.random.default_rng(len(tiers)).integers(0, 256, ROW, dtype=np.uint8)
+            key = keys[same_bytes]
+            writer.submit_store(job(1, [key], [0], False))
+            assert finish(writer, {1})[1].success
+            reader, region4 = tier(4, same_bytes)
+            if not same_bytes:  # per-worker bytes: TP=4 rows are another namespace
+                assert resolve(reader, [key]) == [LookupResult.MISS]
+                assert reader.namespace.hex != writer.namespace.hex
+                continue
+            assert reader.namespace.hex == writer.namespace.hex
+            assert resolve(reader, [key]) == [LookupResult.HIT]
+            reader.submit_load(job(2, [key], [3], True))
+            assert finish(reader, {2})[2].success
+            assert bytes(region4[3]) == bytes(region[0])
+            wider, _ = tier(4, same_bytes, row=2 * ROW)  # rows of another size never mix
+            assert resolve(wider, [key]) == [LookupResult.MISS]
+    finally:
+        for t in tiers:
+            t.shutdown()
+
+
 def test_tier_hashes_long_keys_and_times_out_slow_lookups(tier_factory: Any) -> None:
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 

@@ -47,10 +47,14 @@ def damage_blocks(root: Path) -> int:
 
 class SpecStub:
     """What a secondary tier reads from vLLM's offloading spec: rows of ``row`` bytes,
-    the attention ``layers`` of one group, and whether vLLM's KV events are on."""
+    the attention ``layers`` of one group, and whether vLLM's KV events are on.
+
+    ``tp`` workers each hold a ``row / tp`` page of a chunk (one copy of the whole
+    row when ``replicated``); ``agnostic`` is vLLM's ``is_parallelism_agnostic``."""
 
     def __init__(self, row: int, layers: Sequence[str] = ("layers.0.attn",),
-                 events: bool = False) -> None:
+                 events: bool = False, *, tp: int = 1, agnostic: bool = True,
+                 replicated: bool = False) -> None:
         from vllm.v1.kv_offload.config import (
             OffloadingCacheConfig,
             OffloadingConfig,
@@ -65,11 +69,12 @@ class SpecStub:
             engine_id="test", model=OffloadingModelConfig(name="tiny", dtype="float32"),
             cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
             parallel=OffloadingParallelConfig(
-                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                rank=0, world_size=tp, tp_size=tp, pp_size=1, pcp_size=1, dcp_size=1,
                 data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-                is_parallelism_agnostic=True,
+                is_parallelism_agnostic=agnostic,
             ),
+            replicated_layout=replicated,
         )
         self.kv_events_config = SimpleNamespace(enable_kv_cache_events=events)
-        self.cpu_page_size_per_worker = row
-        self.replicated_layout = False
+        self.cpu_page_size_per_worker = row if replicated else row // tp
+        self.replicated_layout = replicated
