@@ -26,9 +26,10 @@ class Capabilities:
     #: Several instances (processes, nodes) opening the same options and
     #: namespace see one store: a block one stores is a hit for another's
     #: get (its lookup may lag by a short-lived cache), an evict by one is
-    #: seen by all, and any capacity is enforced for all of them together.
-    #: kvtier treats a tier that is persistent or shared as outside this
-    #: process, and the kit checks nothing more for it yet.  A tier that is
+    #: a miss for another's get, and any capacity is enforced for all of
+    #: them together.  The kit's ``shared`` group checks the first two with
+    #: two instances in one process.  kvtier treats a tier that is
+    #: persistent or shared as outside this process.  A tier that is
     #: neither lives in process memory: kvtier reads it with ``kvtier_get``
     #: and copies each block into the caller's buffer itself, taking the
     #: checksum as it copies, so its ``kvtier_get`` should hand out the
@@ -45,10 +46,21 @@ class Capabilities:
     #: Blocks that capacity pushes out are reported through ``evicted`` in
     #: ``kvtier_put`` (required for a tier below to use ``write: back``).
     reports_evictions: bool = False
+    #: The backend stores only blocks framed by a kvtier chain (header of
+    #: the namespace it was opened with, checksum) and answers ``False`` to
+    #: a put of anything else, such as the ``peer`` backend, whose server
+    #: checks every header.  The chain always frames what it puts; the kit
+    #: checks the refusal and the acceptance of frames (group ``framed``)
+    #: and certifies the rest of the contract through a chain of one tier.
+    #: Answered for the default options before ``kvtier_open`` as well.
+    framed_only: bool = False
     #: Free-form facts for people, shown by ``kvtier backends`` as
-    #: ``key=value``; kvtier and the kit never act on them.  Keep keys short
-    #: and values plain (str, int, float, bool).  Names in use:
-    #: ``eviction`` (``lru``, ``arc``, ``age``), ``capacity_scope``.
+    #: ``key=value``; kvtier never acts on them.  Keep keys short and values
+    #: plain (str, int, float, bool).  Names in use: ``eviction`` (``lru``,
+    #: ``arc``, ``age``), ``capacity_scope`` (``namespace``, ``shard``).  The
+    #: kit reads one: with a capacity, ``eviction=lru`` and a
+    #: ``capacity_scope`` of ``namespace`` (or none), its ``recency`` group
+    #: checks that a lookup does not save a block from eviction.
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -31,10 +31,10 @@ from kvtier import __version__
 from kvtier.cli import output
 from kvtier.plugins.registry import BackendInfo
 from kvtier.spec import CONTRACT_VERSION, KvtierError
-from kvtier.testing.groups import GROUPS, REQUIREMENTS, SETTINGS
+from kvtier.testing.groups import CHAIN_OF_ONE, GROUPS, REQUIREMENTS, SETTINGS
 from kvtier.testing.locations import FreshLocations
 from kvtier.testing.resolve import resolve_backend, validate_options
-from kvtier.testing.through_chain import CHAIN_OF_ONE, framed_only
+from kvtier.testing.through_chain import framed_only
 
 __all__ = ["GroupResult", "conformance_command", "parse_option", "run_conformance"]
 
@@ -54,6 +54,24 @@ class TestConformance(BackendTests):
     @pytest.fixture
     def backend_options(self, request):
         with LOCATIONS.for_test(request.node.name) as options:
+            yield options
+'''
+
+# A framed_only backend: the module above certifies it through a chain of one
+# tier, and this class checks its declaration on the backend itself.
+_FRAMED = '''
+
+from kvtier.testing.framed import FramedTests
+
+BARE_LOCATIONS = FreshLocations({options!r}, token={token!r})
+
+
+class TestFramedOnly(FramedTests):
+    backend = {backend!r}
+
+    @pytest.fixture
+    def backend_options(self, request):
+        with BARE_LOCATIONS.for_test(request.node.name) as options:
             yield options
 '''
 
@@ -201,7 +219,7 @@ def run_conformance(
         sys.path.insert(0, os.getcwd())  # as `python -m pytest` would, for module:Factory
     try:
         registry, backend = resolve_backend(name)
-        through_chain = framed_only(registry.create(backend).instance)  # validates the hooks
+        through_chain = framed_only(registry.create(backend))  # validates the hooks
         validate_options(name, parsed)
         info = registry.info(backend)
     except KvtierError as exc:
@@ -219,9 +237,10 @@ def run_conformance(
     if through_chain:
         # the kit puts raw bytes, which such a backend refuses by design
         target, target_options = CHAIN_OF_ONE, {"tier_backend": name, "tier_options": parsed}
-        out.print(f"[bold]note:[/] {escape(name)} stores only blocks framed by a chain; "
-                  "certifying it through a chain of one tier, which frames every block "
-                  "the kit puts and checks it on the way back", highlight=False)
+        out.print(f"[bold]note:[/] {escape(name)} stores only blocks framed by a chain "
+                  "(framed_only=True); certifying it through a chain of one tier, which "
+                  "frames every block the kit puts and checks it on the way back, and "
+                  "checking the declaration itself in group framed", highlight=False)
 
     import pytest  # only here: the rest of the CLI works without the test extras
 
@@ -229,8 +248,11 @@ def run_conformance(
     with tempfile.TemporaryDirectory(prefix="kvtier-conformance-") as tmp:
         module = Path(tmp) / "test_kvtier_conformance.py"
         lines = "".join(f"    {k} = {v!r}\n" for k, v in tuning.items())
-        module.write_text(_MODULE.format(backend=target, options=target_options,
-                                         settings=lines, token=locations.token))
+        text = _MODULE.format(backend=target, options=target_options, settings=lines,
+                              token=locations.token)
+        if through_chain:
+            text += _FRAMED.format(backend=name, options=parsed, token=locations.token)
+        module.write_text(text)
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\n")  # the author's own pytest settings do not apply
         args = [str(module), "-q", "-c", str(ini), "--rootdir", tmp, "-p", "no:cacheprovider",

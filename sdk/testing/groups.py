@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from kvtier.spec import Capabilities
 
 __all__ = [
+    "CHAIN_OF_ONE",
     "GATES",
     "GROUPS",
     "REQUIREMENTS",
@@ -26,19 +27,25 @@ __all__ = [
     "missing_capability",
 ]
 
+#: The backend ``kvtier conformance`` certifies a ``framed_only`` backend through.
+CHAIN_OF_ONE = "kvtier.testing.through_chain:ChainOfOne"
+
 #: The kit's groups, in the order a report lists them.
 GROUPS: tuple[str, ...] = (
     "put_get",
     "lookup",
     "evict",
     "capacity",
+    "recency",
     "persistence",
+    "shared",
     "concurrency",
     "crash_safety",
     "corruption",
     "stateful",
     "lifecycle",
     "scan",
+    "framed",
 )
 
 
@@ -76,11 +83,21 @@ GATES: Mapping[str, Gate] = {
     "capacity": Gate(
         "capacity=<bytes>", "declares no capacity", lambda caps, hooks: caps.capacity is not None
     ),
+    "recency": Gate(
+        "capacity=<bytes>, extra eviction=lru",
+        "declares no capacity with extra eviction=lru over the namespace",
+        lambda caps, hooks: caps.capacity is not None
+        and caps.extra.get("eviction") == "lru"
+        # a capacity enforced per shard evicts the oldest of a shard, not of the namespace
+        and caps.extra.get("capacity_scope", "namespace") == "namespace",
+    ),
     "persistence": declares("persistent"),
+    "shared": declares("shared"),
     "crash_safety": declares("persistent"),
     "concurrency": declares("thread_safe"),
     "corruption": implements("kvtier_tamper"),
     "scan": implements("kvtier_scan"),
+    "framed": declares("framed_only"),
 }
 
 #: The requirement of each gated group, as reports print it.
@@ -95,9 +112,14 @@ def missing_capability(
     ``hooks`` names the hooks the instance implements.
     """
     gate = GATES.get(group)
-    if gate is None or gate.holds(caps, hooks):
-        return None
-    return f"backend {label!r} {gate.missing}"
+    if gate is not None and not gate.holds(caps, hooks):
+        return f"backend {label!r} {gate.missing}"
+    if caps.framed_only and group in GROUPS and group != "framed":
+        return (
+            f"backend {label!r} declares framed_only=True and refuses the kit's raw blocks: "
+            f"certify it through a chain of one tier ({CHAIN_OF_ONE}), as kvtier conformance does"
+        )
+    return None
 
 
 #: Class attributes of ``BackendTests`` that tune the kit, with their types;

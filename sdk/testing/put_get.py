@@ -178,9 +178,9 @@ class PutGetTests(KitBase):
         )
 
     def test_repeated_key_with_different_bytes_in_one_put(self) -> None:
-        # Blocks are immutable once stored.  Two values for one key in one
-        # batch: whichever is stored, get answers exactly one of them, never
-        # a mix, and it stays the one stored.
+        # Blocks are immutable once stored.  Several values for one key in
+        # one batch: get answers exactly one of them, never a mix, and it
+        # stays the one stored (which one: test_repeated_key_in_one_put_stores_the_first).
         key, other = key_of("dup-diff", 0), key_of("dup-diff", 1)
         # the last value longer than the first: a length from one and bytes from another show
         values = [block_for(key, 300), block_for(key + b"/2", 300), block_for(key + b"/3", 5000)]
@@ -195,6 +195,24 @@ class PutGetTests(KitBase):
         self._put_get_check([other], [other_block])
         assert self.store.put([key], [block_for(key + b"/4", 300)]) == [True]
         self._put_get_check([key], [have])
+
+    def test_repeated_key_in_one_put_stores_the_first(self) -> None:
+        # The contract names the occurrence: the first is stored, every later
+        # one answers True without storing.  Same lengths, so only the bytes tell.
+        key, other = key_of("dup-first", 0), key_of("dup-first", 1)
+        size = max(1, min(4 * KIB, (self.block_limit() or 4 * KIB) // 4))
+        values = [block_for(key + b"/%d" % i, size) for i in range(3)]
+        other_block = block_for(other, 100)
+        flags = self.store.put([key, key, other, key], [values[0], values[1], other_block,
+                                                          values[2]])
+        assert flags == [True] * 4, f"put of a repeated key answered {flags}"
+        (have,) = self.store.get([key])
+        which = next((f"occurrence {i + 1}" for i, v in enumerate(values) if v == have), None)
+        assert have == values[0], (
+            f"a key put three times in one batch read back "
+            f"{which or describe(values[0], have)}: the first occurrence is the one stored"
+        )
+        self._put_get_check([other], [other_block])
 
     def test_put_of_a_stored_key_keeps_the_stored_block(self) -> None:
         key = key_of("immutable", 0)

@@ -43,7 +43,8 @@ class DictModel:
         self.silent = capacity is not None and not reports_evictions
 
     def put(self, key: bytes, block: bytes) -> None:
-        self.blocks[key] = block
+        """A put: a key already held keeps its block (the first put of a batch wins too)."""
+        self.blocks.setdefault(key, block)
 
     def evicted(self, key: bytes, block: bytes) -> str | None:
         """Record a reported eviction; the reason it is wrong, if it is."""
@@ -95,8 +96,9 @@ class StatefulTests(KitBase):
                 for key, block in evicted:
                     problem = self.model.evicted(key, block)
                     assert problem is None, problem
-                # a key repeated in the batch may be pushed out and stored again
-                # by its later mention: only the backend knows which came last
+                # a key repeated in the batch may be pushed out by a block after
+                # its first mention and stored again by a later one: only the
+                # backend knows whether it holds the key now
                 again = sorted({k for k, _ in evicted} & set(keys))
                 for key, have in zip(again, self.store.get(again)):
                     if have is not None:

@@ -6,11 +6,14 @@ from .capacity import CapacityTests
 from .concurrency import ConcurrencyTests
 from .corruption import CorruptionTests
 from .crash import CrashSafetyTests
+from .framed import FramedTests
 from .lifecycle import LifecycleTests
 from .lookup_evict import EvictTests, LookupTests
 from .persistence import PersistenceTests
 from .put_get import PutGetTests
+from .recency import RecencyTests
 from .scan import ScanTests
+from .shared import SharedTests
 from .stateful import StatefulTests
 
 __all__ = ["BackendTests"]
@@ -21,13 +24,16 @@ class BackendTests(
     LookupTests,
     EvictTests,
     CapacityTests,
+    RecencyTests,
     PersistenceTests,
+    SharedTests,
     ConcurrencyTests,
     CrashSafetyTests,
     CorruptionTests,
     StatefulTests,
     LifecycleTests,
     ScanTests,
+    FramedTests,
 ):
     """The conformance kit: subclass it as ``Test...`` in a test module.
 

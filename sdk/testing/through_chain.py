@@ -2,12 +2,13 @@
 
 Some backends keep only what a chain writes: the ``peer`` backend's server
 checks every block's header against the connection's namespace and refuses
-anything else, while the kit puts raw bytes.  Such a backend says so with a
-class attribute ``framed_only = True``, and ``kvtier conformance`` then runs
-the kit on :class:`ChainOfOne` instead: a chain of that one backend, served
-through :meth:`Chain.put`, :meth:`Chain.get_bytes`, :meth:`Chain.lookup` and
-:meth:`Chain.evict`, so that every block is framed on the way out and checked
-on the way back, as on a node.
+anything else, while the kit puts raw bytes.  Such a backend declares
+``Capabilities(framed_only=True)``, and ``kvtier conformance`` then runs the
+kit's ``framed`` group on it and every other group on :class:`ChainOfOne`
+instead: a chain of that one backend, served through :meth:`Chain.put`,
+:meth:`Chain.get_bytes`, :meth:`Chain.lookup` and :meth:`Chain.evict`, so
+that every block is framed on the way out and checked on the way back, as
+on a node.
 """
 
 from __future__ import annotations
@@ -17,18 +18,24 @@ from collections.abc import Mapping, MutableSequence, Sequence
 from typing import Any
 
 from kvtier import Chain, Namespace, open_chain
-from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, hookimpl
+from kvtier.plugins.registry import BackendHandle
+from kvtier.spec import BytesLike, Capabilities, ClosedError, KvtierError, Option, hookimpl
+from kvtier.testing.groups import CHAIN_OF_ONE
 from kvtier.testing.resolve import resolve_backend
 
 __all__ = ["CHAIN_OF_ONE", "ChainAsBackend", "ChainOfOne", "framed_only"]
 
-#: What ``kvtier conformance`` runs instead of a backend that is ``framed_only``.
-CHAIN_OF_ONE = "kvtier.testing.through_chain:ChainOfOne"
 
+def framed_only(handle: BackendHandle) -> bool:
+    """Whether a backend declares :attr:`Capabilities.framed_only <kvtier.spec.Capabilities>`.
 
-def framed_only(instance: object) -> bool:
-    """Whether a backend instance declares that it stores only blocks framed by a chain."""
-    return getattr(type(instance), "framed_only", False) is True
+    Asked of an instance that was never opened, which answers for its default
+    options (the contract's rule); one that cannot answer then declares nothing.
+    """
+    try:
+        return handle.capabilities().framed_only
+    except KvtierError:
+        return False
 
 
 class ChainAsBackend:
@@ -46,6 +53,7 @@ class ChainAsBackend:
         self._settle = False
         self._closed = False
         self._persistent = False
+        self._shared = False
         self._lock = threading.Lock()
 
     def _open(self, options: Mapping[str, Any], namespace: Namespace) -> tuple[Chain, bool]:
@@ -57,6 +65,9 @@ class ChainAsBackend:
         if self._closed:
             raise ClosedError("chain backend is closed")
         self._chain, self._persistent = self._open(options, Namespace.from_hex(namespace))
+        # one store for every instance only if each tier is: a private tier
+        # (RAM) would keep serving a block another instance evicted
+        self._shared = all(tier.capabilities.shared for tier in self._chain.tiers)
         self._settle = bool(options.get("settle", False))
 
     def _live(self) -> Chain:
@@ -67,7 +78,7 @@ class ChainAsBackend:
     @hookimpl
     def kvtier_capabilities(self) -> Capabilities:
         self._live()
-        return Capabilities(persistent=self._persistent, thread_safe=True)
+        return Capabilities(persistent=self._persistent, shared=self._shared, thread_safe=True)
 
     @hookimpl
     def kvtier_close(self) -> None:

@@ -139,9 +139,12 @@ def test_cli_certifies_the_redis_backend(redis_server: RedisServer, tmp_path: Pa
     assert report["options"] == {"url": url, "capacity": "4MiB"}
     assert report["totals"]["failed"] == 0 and report["totals"]["passed"] > 60
     assert set(report["groups"]) == set(GROUPS)
-    # with a capacity and kvtier_tamper, every group applies; only the checks
-    # of the two optional zero-copy hooks and of blocks over the limits skip
+    # with a capacity and kvtier_tamper, every group applies but framed (redis
+    # stores any bytes); only the checks of the two optional zero-copy hooks
+    # and of blocks over the limits skip
     expected_skips = ("kvtier_put_parts", "kvtier_get_into", "limit of", "too large")
+    framed = report["groups"].pop("framed")
+    assert framed["skip_reasons"] == ["backend 'redis' does not declare framed_only=True"]
     for name, group in report["groups"].items():
         assert group["selected"] and group["failed"] == 0, (name, group)
         assert group["passed"] > 0, (name, group)

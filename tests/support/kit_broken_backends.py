@@ -14,6 +14,7 @@ kit against each one and checks which groups fail.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import secrets
@@ -83,6 +84,7 @@ class DictBackend:
             thread_safe=True,
             capacity=self._capacity,
             reports_evictions=True,
+            extra={"eviction": "lru"},
         )
 
     @hookimpl
@@ -430,6 +432,17 @@ class MixesRepeatedKeys(DictBackend):
         return super().kvtier_put(keys, merged, evicted)
 
 
+class KeepsLastRepeated(DictBackend):
+    """Of a key repeated in one put, stores the last occurrence (a dict built from the batch)."""
+
+    @hookimpl
+    def kvtier_put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> list[bool]:
+        last = dict(zip(keys, blocks))
+        return super().kvtier_put(keys, [last[k] for k in keys], evicted)
+
+
 class ReplacesStored(DictBackend):
     """A put of a stored key replaces its block: blocks are not immutable once stored."""
 
@@ -465,6 +478,26 @@ class LookupEvicts(DictBackend):
                     self._used -= len(memoryview(data).cast("B"))
                     self._unlink(victim)
             return found
+
+
+class LookupRefreshes(DictBackend):
+    """Counts a lookup hit as a use: it moves the block to the young end of the LRU order."""
+
+    @hookimpl
+    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._guard():
+            for key in keys:
+                if key in self._blocks:
+                    self._blocks.move_to_end(key)
+            return [key in self._blocks for key in keys]
+
+
+class ClaimsShared(DictBackend):
+    """Declares shared=True, while each instance keeps its own blocks."""
+
+    @hookimpl
+    def kvtier_capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().kvtier_capabilities(), shared=True)
 
 
 class ScanSizesOnDisk(DictBackend):
@@ -526,8 +559,11 @@ BROKEN: dict[str, type[DictBackend]] = {
         UsableAfterClose,
         ReusesReadBuffers,
         MixesRepeatedKeys,
+        KeepsLastRepeated,
         ReplacesStored,
         LookupEvicts,
+        LookupRefreshes,
+        ClaimsShared,
         ScanSizesOnDisk,
         ScanListsEvicted,
         ScanIgnoresNamespace,

@@ -95,12 +95,15 @@ TESTS_DIR = Path(__file__).resolve().parents[1] / "support"
 CAUGHT_BY = {
     "AliasesBuffer": {"put_get"},
     "ForgetsOnReopen": {"persistence", "crash_safety"},
-    "IgnoresCapacity": {"capacity"},
-    "LookupEvicts": {"capacity", "persistence"},
+    "ClaimsShared": {"shared"},
+    "IgnoresCapacity": {"capacity", "recency"},
+    "KeepsLastRepeated": {"put_get"},
+    "LookupEvicts": {"capacity", "recency", "persistence"},
+    "LookupRefreshes": {"recency"},
     "MixesRepeatedKeys": {"put_get"},
     "NotThreadSafe": {"concurrency"},
     "RaisesOnMiss": {
-        "put_get", "lookup", "evict", "capacity", "persistence", "concurrency",
+        "put_get", "lookup", "evict", "capacity", "recency", "persistence", "concurrency",
         "crash_safety", "lifecycle",
     },
     "ReplacesStored": {"put_get"},
@@ -109,7 +112,7 @@ CAUGHT_BY = {
     "ScanIgnoresNamespace": {"scan"},
     "ScanListsEvicted": {"scan"},
     "ScanSizesOnDisk": {"scan"},
-    "ServesEvicted": {"lookup", "evict"},
+    "ServesEvicted": {"lookup", "evict", "recency"},
     "SilentEvictions": {"capacity", "concurrency"},
     "TamperMissesCache": {"corruption"},
     "TornWrites": {"crash_safety"},
@@ -130,6 +133,11 @@ CAUGHT_AS = {
     "LookupEvicts": ("test_capacity_holds_and_evictions_are_reported", "caused by lookup"),
     "MixesRepeatedKeys": ("test_repeated_key_with_different_bytes_in_one_put", "a mix"),
     "ReplacesStored": ("test_put_of_a_stored_key_keeps_the_stored_block", "immutable once stored"),
+    "KeepsLastRepeated": (
+        "test_repeated_key_in_one_put_stores_the_first", "read back occurrence 3"
+    ),
+    "LookupRefreshes": ("test_lookup_is_not_a_use", "the lookup refreshed its recency"),
+    "ClaimsShared": ("test_a_put_by_one_is_a_hit_for_the_other", "returned a miss"),
     "ReusesReadBuffers": (
         "test_returned_blocks_survive_reuse_of_read_buffers", "must not reuse a buffer"
     ),
@@ -138,6 +146,17 @@ CAUGHT_AS = {
     "ScanSizesOnDisk": ("test_scan_lists_exactly_what_is_held", "the stored block's length"),
     "TornWrites": ("test_sigkill_at_every_step_of_a_put", "a torn block must be a miss"),
     "TwoStepWrites": ("test_sigkill_at_every_step_of_a_put", "a torn block must be a miss"),
+}
+
+#: Broken backend -> every kit test that fails on it: one check (or one group's
+#: checks) catches each bug the spec's newer rules were written against.
+CAUGHT_ONLY_AS = {
+    "ClaimsShared": {
+        "test_a_put_by_one_is_a_hit_for_the_other",
+        "test_an_evict_by_one_is_a_miss_for_the_other",
+    },
+    "KeepsLastRepeated": {"test_repeated_key_in_one_put_stores_the_first"},
+    "LookupRefreshes": {"test_lookup_is_not_a_use"},
 }
 
 #: The stateful group is slow to shrink a failure, so it runs on its own, below.
@@ -197,6 +216,13 @@ def test_kit_catches_broken_backend(name: str, tmp_path: Path) -> None:
         messages = [f["message"] for f in failures if f["test"] == test]
         assert messages, f"{test} did not fail: {[f['test'] for f in failures]}"
         assert words in messages[0], messages[0]
+    if name in CAUGHT_ONLY_AS:
+        failures = [f for g in report["groups"].values() for f in g["failures"]]
+        assert {f["test"] for f in failures} == CAUGHT_ONLY_AS[name], proc.stdout
+        # the other new checks ran and passed (shared runs only where it is declared)
+        for group in {"recency", "shared"} - CAUGHT_BY[name]:
+            counts = report["groups"][group]
+            assert not counts["failed"] and (counts["passed"] or group == "shared"), counts
     # the run removed the per-test directories it made, and the store it created
     assert not (tmp_path / "store").exists(), sorted(tmp_path.rglob("*"))[:5]
 

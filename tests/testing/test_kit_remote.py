@@ -3,8 +3,9 @@
 ``object`` and ``fs`` (through s3fs) run against the session's SeaweedFS
 (``s3_server`` in ``conftest.py``); ``peer`` runs against a ``kvtier serve``
 started here, through a chain (see ``kit_targets.PeerChainBackend`` for why
-it cannot be certified bare).  The crash-safety child gets the same options
-as JSON, so it reaches the same servers.
+it cannot be certified bare), and bare for its ``framed_only`` declaration.
+The crash-safety child gets the same options as JSON, so it reaches the same
+servers.
 
 Every kit test opens a fresh namespace, so the tests of a class share one
 bucket (or one server) instead of making a bucket per test: SeaweedFS gives
@@ -23,6 +24,7 @@ from peer_server import PeerServer, node_config
 from seaweed import SeaweedServer
 
 from kvtier.testing import BackendTests
+from kvtier.testing.framed import FramedTests
 
 #: Hypothesis budget of the stateful group here: every step is a network round
 #: trip to a server sharing two cores with the test, so fewer examples than the
@@ -123,6 +125,16 @@ class TestPeerChain(BackendTests):
     @pytest.fixture
     def backend_options(self, peer_node: PeerServer) -> dict[str, Any]:
         return {"peer": peer_node.address, "secret": PEER_SECRET, "persistent": True}
+
+
+class TestPeerDeclaration(FramedTests):
+    """``peer`` itself, for what it declares: framed_only (the kit's other groups skip)."""
+
+    backend = "peer"
+
+    @pytest.fixture
+    def backend_options(self, peer_node: PeerServer) -> dict[str, Any]:
+        return {"peers": [peer_node.address], "secret": PEER_SECRET}
 
 
 class TestPeerChainUnderRam(BackendTests):
