@@ -142,11 +142,6 @@ class _Round:
 class PeerBackend:
     """Blocks held by other nodes' ``kvtier serve``, over the kvtier peer protocol."""
 
-    #: The server keeps only blocks framed by a chain of the connection's
-    #: namespace (it checks each header): ``kvtier conformance`` certifies
-    #: this backend through a chain of one peer tier.
-    framed_only = True
-
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
         self._state = "new"
@@ -211,7 +206,10 @@ class PeerBackend:
         if self._state == "closed":
             raise ClosedError("peer backend is closed")
         # persistence is the server's business, which this client cannot promise
-        return Capabilities(persistent=False, shared=True, thread_safe=True,
+        # framed_only: the server keeps only blocks framed by a chain of the
+        # connection's namespace (it checks each header), so kvtier conformance
+        # certifies this backend through a chain of one peer tier
+        return Capabilities(persistent=False, shared=True, thread_safe=True, framed_only=True,
                             reports_evictions=False, max_block_size=self._max_payload,
                             extra={"placement": self._placement, "peers": len(self._peers)})
 
