@@ -151,16 +151,20 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         if chain is None:
             log.warning("kvtier: clear() before a host pool was registered (or after close)")
             return False
-        removed, kept, failed = 0, [], []
+        removed, kept, failed = 0, [], set()
         for tier in list(chain.tiers):
             try:
                 for batch in tier.scan(chain.namespace.hex):
                     removed += chain.evict([entry[1] for entry in batch])
+                    # a tier whose evict faulted is skipped by the chain: its blocks stayed
+                    failed.update(t.name for t in chain.tiers if not t.readable)
             except PluginError:  # no kvtier_scan: it cannot say what it holds
                 kept.append(tier.name)
             except Exception as exc:
-                failed.append(tier.name)
+                failed.add(tier.name)
                 log.error("kvtier: clear() of tier %r failed: %r", tier.name, exc)
+        if failed:
+            log.error("kvtier: clear() left blocks in tiers %s", sorted(failed))
         log.info("kvtier: clear() removed %d block(s) of namespace %s%s", removed,
                  chain.namespace.hex, f"; tiers {kept} cannot list theirs, kept" if kept else "")
         return not failed

@@ -393,6 +393,54 @@ def test_clear_removes_this_ranks_blocks_from_every_tier_and_keeps_the_others(
     assert rank1.clear() is False  # closed: there is no namespace to clear
 
 
+class KeepsEverything:
+    """A store that lists its blocks but whose deletes fail (a read-only bucket, say)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[bytes, bytes] = {}
+        self.namespace = ""
+
+    @kvtier.spec.hookimpl
+    def kvtier_open(self, options: Any, namespace: str) -> None:
+        self.namespace = namespace
+
+    @kvtier.spec.hookimpl
+    def kvtier_put(self, keys: Any, blocks: Any) -> list[bool]:
+        self.blocks.update((k, bytes(b)) for k, b in zip(keys, blocks))
+        return [True] * len(keys)
+
+    @kvtier.spec.hookimpl
+    def kvtier_get(self, keys: Any) -> list[bytes | None]:
+        return [self.blocks.get(k) for k in keys]
+
+    @kvtier.spec.hookimpl
+    def kvtier_lookup(self, keys: Any) -> list[bool]:
+        return [k in self.blocks for k in keys]
+
+    @kvtier.spec.hookimpl
+    def kvtier_evict(self, keys: Any) -> list[bool]:
+        raise kvtier.spec.BackendError("permission denied")
+
+    @kvtier.spec.hookimpl
+    def kvtier_scan(self, namespace: str | None) -> Any:
+        return iter([[(self.namespace, k, len(b), None) for k, b in self.blocks.items()]])
+
+
+def test_clear_says_so_when_a_tier_kept_its_blocks(tmp_path: Path) -> None:
+    from kvtier.plugins.registry import default_registry
+
+    default_registry().register("sglang-test-keeps", KeepsEverything)
+    chain_yaml = write_chain(tmp_path / "tiers.yaml", [
+        {"name": "kept", "backend": "sglang-test-keeps"}])
+    pool = mha_pool("page_first")
+    fill_random(pool, seed=11)
+    keys = page_hashes(2, seed=11)
+    backend = attach(chain_yaml, pool)
+    assert save_v1(backend, pool, keys, first_page=0)
+    assert backend.clear() is False
+    backend.close()
+
+
 # runtime attach and detach ----------------------------------------------------------------
 def attaching_controller(pool: Any) -> Any:
     """SGLang's own ``attach_storage_backend`` / ``detach_storage_backend``, as its admin
