@@ -328,3 +328,28 @@ def test_bytes_by_cache_salt_feed_lmcache_quotas(
     assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 3 * CHUNK, "bob": CHUNK}
     adapter.delete(bob)
     assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 3 * CHUNK}
+
+
+def test_a_deleted_locked_key_stored_again_stays(
+    tmp_path: Path, adapter_of: Any, l1: Any
+) -> None:
+    """A locked key's delete waits for its unlock to remove the block; a store of the key in
+    between makes it held again, and the unlock removes nothing."""
+    path = write_yaml(tmp_path / "tiers.yaml", [
+        {"name": "disk", "backend": "fs", "url": f"file://{tmp_path}/fs"}])
+    adapter = adapter_of(path)
+    heard = Recorder()
+    adapter.register_listener(heard)
+    key = okey(3)
+    objs = objects(l1, 1)
+    data = fill(objs, seed=19)
+    store(adapter, [key], objs)
+    assert lock(adapter, [key]) == [True]
+    adapter.delete([key])
+    assert lock(adapter, [key]) == [False]
+    store(adapter, [key], objs)
+    adapter.submit_unlock([key])
+    assert fetch(adapter, l1, [key]) == data
+    assert [kind for kind, _ in heard.events if kind != "accessed"] == [
+        "stored", "deleted", "stored"]
+    assert dict(adapter.get_usage().bytes_by_cache_salt) == {"": CHUNK}

@@ -4,6 +4,7 @@ at once, the object tier on SeaweedFS (and killed mid-run), usage read from the 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ lmcache = pytest.importorskip(
 
 from lmcache_driver import (  # noqa: E402
     CHUNK,
+    DESCS,
+    WAIT_S,
+    Recorder,
     fetch,
     fill,
     host_fs,
@@ -24,6 +28,7 @@ from lmcache_driver import (  # noqa: E402
     objects,
     okey,
     store,
+    until,
     write_yaml,
 )
 
@@ -87,6 +92,45 @@ def test_a_deleted_key_is_never_reported_locked(
     bufs = objects(l1, 1)
     assert load(adapter, [key], bufs) == [True] and bytes(bufs[0].byte_array) == data[0]
     adapter.submit_unlock([key])
+    assert adapter.report_status()["pinned_keys"] == 0
+
+
+def test_a_key_deleted_while_its_lookup_is_in_flight_is_not_locked(
+    tmp_path: Path, adapter_of: Any, l1: Any
+) -> None:
+    """A lookup found the key, then LMCache deleted it before the lookup's result came back:
+    the result says not found.  A listener holds the completion thread meanwhile."""
+    adapter = adapter_of(write_yaml(tmp_path / "tiers.yaml", [
+        {"name": "disk", "backend": "fs", "url": f"file://{tmp_path}/fs"}]))
+    key, other = okey(0), okey(1)
+    objs = objects(l1, 2)
+    fill(objs, seed=20)
+    store(adapter, [key], objs[:1])
+
+    class Holding(Recorder):
+        entered, release = threading.Event(), threading.Event()
+
+        def on_l2_keys_stored(self, keys: list[Any], sizes: list[int]) -> None:
+            self.entered.set()
+            assert self.release.wait(WAIT_S)
+
+    holding = Holding()
+    adapter.register_listener(holding)
+    adapter.submit_store_task([other], objs[1:])
+    assert holding.entered.wait(WAIT_S)  # the completion thread is in the listener
+    task = adapter.submit_lookup_and_lock_task([key], DESCS)
+    assert adapter.chain.wait(timeout=WAIT_S)  # the lookup job found the key
+    deleting = threading.Thread(target=adapter.delete, args=([key],))
+    deleting.start()
+    deadline = time.monotonic() + WAIT_S
+    while adapter.chain.lookup([kvtier_key(key)]) != [None] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert adapter.chain.lookup([kvtier_key(key)]) == [None]
+    holding.release.set()
+    bitmap = until(lambda: adapter.query_lookup_and_lock_result(task),
+                   adapter.get_lookup_and_lock_event_fd())
+    deleting.join(WAIT_S)
+    assert not bitmap.test(0)
     assert adapter.report_status()["pinned_keys"] == 0
 
 
