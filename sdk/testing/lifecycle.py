@@ -94,6 +94,22 @@ class LifecycleTests(KitBase):
             assert reported == caps.capacity, (
                 f"stats() capacity_bytes={reported} but Capabilities.capacity={caps.capacity}"
             )
+        assert reported is None or caps.capacity is not None, (
+            f"stats() reports capacity_bytes={reported} for a store declaring no capacity; "
+            "an unbounded store leaves capacity_bytes out"
+        )
+
+    def test_capabilities_before_open(self) -> None:
+        # kvtier backends lists what a backend can do from an instance never opened
+        fresh = self.new_backend().handle
+        try:
+            caps = fresh.capabilities()
+        except Exception as exc:
+            raise AssertionError(
+                f"kvtier_capabilities of an instance never opened raised {exc!r}; it answers "
+                "for the default options, without I/O"
+            ) from exc
+        assert isinstance(caps, Capabilities)
 
     def test_namespaces_are_isolated(self) -> None:
         key = key_of("ns", 0)

@@ -77,7 +77,9 @@ class ChainAsBackend:
 
     @hookimpl
     def kvtier_capabilities(self) -> Capabilities:
-        self._live()
+        if self._closed:
+            raise ClosedError("chain backend is closed")
+        # never opened: the defaults, the flags below still False
         return Capabilities(persistent=self._persistent, shared=self._shared, thread_safe=True)
 
     @hookimpl

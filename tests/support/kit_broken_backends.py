@@ -78,7 +78,7 @@ class DictBackend:
 
     @hookimpl
     def kvtier_capabilities(self) -> Capabilities:
-        self._check_open()
+        self._check_not_closed()  # never opened: the defaults (in memory, unbounded)
         return Capabilities(
             persistent=self._dir is not None,
             thread_safe=True,
