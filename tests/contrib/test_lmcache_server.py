@@ -21,6 +21,7 @@ from lmcache_driver import (  # noqa: E402
     LAYOUT,
     MODEL,
     WAIT_S,
+    Recorder,
     fill,
     host_fs,
     okey,
@@ -75,6 +76,45 @@ def test_lmcache_storage_manager_stores_and_prefetches_through_kvtier(tmp_path: 
         status = adapter.report_status()
         assert status["pinned_keys"] == 0 and status["copied_bytes"] == 0  # LMCache unlocked
         assert status["load_hits"] == 6 and status["store_failures"] == 0
+    finally:
+        manager.close()
+
+
+def test_lmcache_per_salt_quota_evicts_through_kvtier(tmp_path: Path) -> None:
+    """LMCache's IsolatedLRU eviction reads each salt's bytes from the adapter and deletes a
+    salt over its quota down to it, through kvtier; a salt within its quota keeps everything."""
+    from lmcache.v1.distributed.config import parse_args
+    from lmcache.v1.distributed.storage_manager import StorageManager
+
+    spec = {**l2_adapter_spec(host_fs(tmp_path), namespace=MODEL),
+            "eviction": {"eviction_policy": "IsolatedLRU", "trigger_watermark": 1.0,
+                         "eviction_ratio": 0.5}}
+    config = parse_args(["--l1-size-gb", "0.05", "--eviction-policy", "LRU", "--no-l1-use-lazy",
+                         "--l2-adapter", json.dumps(spec)])
+    config.l1_manager_config.memory_config.shm_name = ""
+    manager = StorageManager(config)
+    try:
+        ((_, adapter),) = manager.l2_adapters()
+        heard = Recorder()
+        adapter.register_listener(heard)
+        manager.quota_manager.set_quota("alice", 3 * CHUNK)
+        manager.quota_manager.set_quota("bob", 10 * CHUNK)
+        alice = [okey(i, salt="alice") for i in range(4)]
+        bob = [okey(i, salt="bob") for i in range(2)]
+        for keys in (alice, bob):
+            reserved = manager.reserve_write(keys, LAYOUT)
+            fill([reserved[k] for k in keys], seed=len(keys))
+            manager.finish_write(keys)
+        deadline = time.monotonic() + WAIT_S
+        while sum(map(len, heard.of("deleted"))) < 2:  # alice over 3 chunks: half evicted
+            assert time.monotonic() < deadline, dict(adapter.get_usage().bytes_by_cache_salt)
+            time.sleep(0.05)
+        assert dict(adapter.get_usage().bytes_by_cache_salt) == {"alice": 2 * CHUNK,
+                                                                  "bob": 2 * CHUNK}
+        deleted = [k for keys in heard.of("deleted") for k in keys]
+        assert len(deleted) == 2 and set(deleted) < set(alice)
+        held = adapter.chain.lookup([kvtier_key(k) for k in alice + bob])
+        assert [where is None for where in held] == [k in deleted for k in alice + bob]
     finally:
         manager.close()
 
