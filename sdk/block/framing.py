@@ -66,7 +66,9 @@ __all__ = [
     "Header",
     "check_payload",
     "checks_while_copying",
+    "copy_digest",
     "decode_into",
+    "digest",
     "encode",
     "encode_parts",
     "header_size",
@@ -364,6 +366,26 @@ def check_payload(header: Header, stored: BytesLike, verify: bool) -> None:
         )
     if verify and _checksum(stored, header.shuffle) != header.checksum:
         raise CorruptBlockError("checksum mismatch")
+
+
+def digest(data: BytesLike) -> int:
+    """The xxh3-64 of ``data`` (unseeded), as :func:`copy_digest` answers it."""
+    value: int = xxhash.xxh3_64_intdigest(data)
+    return value
+
+
+def copy_digest(src: memoryview) -> tuple[memoryview, int]:
+    """A copy of ``src`` and the xxh3-64 of the bytes copied (what the copy holds).
+
+    In one pass where the C extension is built, else copy, then hash the
+    copy.  The copy's memory is left uninitialised (``numpy.empty``), so the
+    copy is the one pass over it: a ``bytearray`` would zero it first.
+    """
+    dst = np.empty(src.nbytes, dtype=np.uint8).data
+    if _xxh3copy is not None and src.nbytes >= _xxh3copy.MIN_LEN:
+        return dst, _xxh3copy.copy_xxh3_64(src, dst, 0)
+    dst[:] = src
+    return dst, digest(dst)
 
 
 def checks_while_copying() -> bool:

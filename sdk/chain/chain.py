@@ -468,12 +468,39 @@ class Chain:
 
     # asynchronous surface -------------------------------------------------------
     def submit_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> int:
-        """Start a put; returns a job id at once.  Keep ``blocks`` intact until it finishes.
+        """Start a put of the bytes ``blocks`` hold now; returns a job id.
 
-        Mistakes in the arguments raise here.
+        Keep each buffer unchanged until the job completes.  The job stores
+        exactly what a block held at this call, or refuses it (False) where
+        its buffer changed before the job copied it: the checksum taken here
+        must match the job's copy, so a changed buffer is never stored, with
+        a checksum that fails or with one over the changed bytes.  Mistakes
+        in the arguments raise here.
         """
         keys = _check_keys(keys)
-        return self._jobs.submit("put", self.put, keys, _byte_views(blocks, len(keys)))
+        views = _byte_views(blocks, len(keys))
+        sums = [framing.digest(view) for view in views]  # a read pass, not a copy
+        return self._jobs.submit("put", self._put_submitted, keys, views, sums)
+
+    def _put_submitted(
+        self, keys: list[bytes], views: list[memoryview], sums: list[int]
+    ) -> list[bool]:
+        """A :meth:`submit_put` job: copy each block, and put the copies that match."""
+        copied = [framing.copy_digest(view) for view in views]
+        copies = [copy for copy, _ in copied]
+        same = [digest == expected for (_, digest), expected in zip(copied, sums)]
+        kept = [i for i, ok in enumerate(same) if ok]
+        if len(kept) < len(keys):
+            log.warning(
+                "kvtier: %d of %d block(s) changed after submit_put and before its job read "
+                "them; not stored (keep a submitted buffer unchanged until its job completes)",
+                len(keys) - len(kept), len(keys),
+            )
+        flags = self.put([keys[i] for i in kept], [copies[i] for i in kept]) if kept else []
+        stored = [False] * len(keys)
+        for i, flag in zip(kept, flags):
+            stored[i] = flag
+        return stored
 
     def submit_get(self, keys: Sequence[bytes], out: Sequence[Any]) -> int:
         """Start a get into ``out``; returns a job id at once.
