@@ -55,13 +55,12 @@ from kvtier.spec import (
     BackendError,
     BytesLike,
     Capabilities,
-    ClosedError,
     ConnectionClosedError,
     Option,
     ProtocolError,
     RefusedError,
-    hookimpl,
 )
+from kvtier.spec.base import Evicted, GetInto, PutParts
 
 from .._batch import parts_nbytes
 from .ring import Ring
@@ -139,12 +138,15 @@ class _Round:
     again: dict[int, list[int]] = field(default_factory=dict)
 
 
-class PeerBackend:
+class PeerBackend(PutParts, GetInto):
     """Blocks held by other nodes' ``kvtier serve``, over the kvtier peer protocol."""
+
+    name = "peer"
+    OPTIONS = OPTIONS
 
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
-        self._state = "new"
+        super().__init__()
         self._peers: list[Peer] = []
         self._placement = "hash"
         self._ring = Ring([])
@@ -161,14 +163,7 @@ class PeerBackend:
         self._stash = threading.local()
 
     # lifecycle ------------------------------------------------------------------
-    @hookimpl
-    def kvtier_options(self) -> Mapping[str, Option]:
-        return OPTIONS
-
-    @hookimpl
-    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
-        if self._state != "new":
-            raise BackendError("peer backend opened twice")
+    def _open(self, options: Mapping[str, Any], namespace: str) -> None:
         # checked against OPTIONS already (BackendHandle.open): parsed, in range
         addresses = [pp.parse_address(str(p)) for p in options["peers"]]
         self._peers = [Peer(i, host, port, [None] * options["connections"])
@@ -181,7 +176,6 @@ class PeerBackend:
         self._request_timeout = options["request_timeout"]
         self._max_payload = options["max_payload"]
         self._ring = Ring([p.label for p in self._peers])
-        self._state = "open"
         # Connect eagerly so a version mismatch or a wrong secret fails the open with
         # a clear error; a peer that is merely down is marked so and retried later.
         refused: list[str] = []
@@ -198,13 +192,10 @@ class PeerBackend:
         with ThreadPoolExecutor(len(self._peers), thread_name_prefix="kvtier-peer-open") as pool:
             list(pool.map(probe, self._peers))  # in parallel: open waits one timeout at most
         if refused:
-            self.kvtier_close()
+            self._close()  # the open failed: nothing stays connected
             raise BackendError("; ".join(sorted(refused)))
 
-    @hookimpl
-    def kvtier_capabilities(self) -> Capabilities:
-        if self._state == "closed":
-            raise ClosedError("peer backend is closed")
+    def _capabilities(self) -> Capabilities:
         # persistence is the server's business, which this client cannot promise
         # framed_only: the server keeps only blocks framed by a chain of the
         # connection's namespace (it checks each header), so kvtier conformance
@@ -213,10 +204,7 @@ class PeerBackend:
                             reports_evictions=False, max_block_size=self._max_payload,
                             extra={"placement": self._placement, "peers": len(self._peers)})
 
-    @hookimpl
-    def kvtier_stats(self) -> Mapping[str, int | float]:
-        if self._state == "closed":
-            raise ClosedError("peer backend is closed")
+    def _stats(self) -> Mapping[str, int | float]:
         with self._lock:
             out: dict[str, int | float] = dict(self._counts)
         out["peers"] = len(self._peers)
@@ -228,33 +216,26 @@ class PeerBackend:
         out["reconnects"] = sum(p.counts["reconnects"] for p in self._peers)
         return out
 
-    @hookimpl
-    def kvtier_close(self) -> None:
-        if self._state == "closed":
-            return
-        self._state = "closed"
+    def _close(self) -> None:
         for peer in self._peers:
             for conn in peer.slots:
                 if conn is not None:
                     conn.close()
 
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise ClosedError(f"peer backend is {self._state.replace('new', 'not open')}")
-
     # data path --------------------------------------------------------------------
-    @hookimpl
-    def kvtier_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> Sequence[bool]:
-        return self._put(keys, [[b] for b in blocks])
+    def _put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> list[bool]:
+        return self._send_blocks(keys, [[b] for b in blocks])
 
-    @hookimpl
-    def kvtier_put_parts(
+    def _put_parts(
+        self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
+    ) -> list[bool]:
+        return self._send_blocks(keys, parts)  # the parts go to sendmsg as they are: no join
+
+    def _send_blocks(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]]
-    ) -> Sequence[bool]:
-        return self._put(keys, parts)  # the parts go to sendmsg as they are: no join
-
-    def _put(self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]]) -> list[bool]:
-        self._check_open()
+    ) -> list[bool]:
         sizes = [parts_nbytes(block) for block in parts]
         stored = [False] * len(keys)
         # a block larger than a frame can never travel: refused, like a full store
@@ -268,9 +249,7 @@ class PeerBackend:
         self._dispatch("put", keys, fits, build, self._flags_into(stored), sizes)
         return stored
 
-    @hookimpl
-    def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
-        self._check_open()
+    def _get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         stash: dict[bytes, BytesLike] = getattr(self._stash, "blobs", {})
         self._stash.blobs = {}
         found: list[BytesLike | None] = [stash.get(key) for key in keys]
@@ -282,11 +261,9 @@ class PeerBackend:
         self._fetch(keys, [i for i, f in enumerate(found) if f is None], None, place)
         return found
 
-    @hookimpl
-    def kvtier_get_into(
+    def _get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> Sequence[int | None]:
-        self._check_open()
         expected = [sum(v.nbytes for v in views) for views in buffers]
         stash: dict[bytes, BytesLike] = {}
         self._stash.blobs = stash
@@ -324,16 +301,13 @@ class PeerBackend:
                        resolved=lambda i: sizes[i] is not None)
         return sizes
 
-    @hookimpl
-    def kvtier_lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
+    def _lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
         return self._flag_op(pp.LOOKUP, keys)
 
-    @hookimpl
-    def kvtier_evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
+    def _evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
         return self._flag_op(pp.EVICT, keys)
 
     def _flag_op(self, kind: int, keys: Sequence[bytes]) -> list[bool]:
-        self._check_open()
         result = [False] * len(keys)
 
         def build(peer: Peer, chunk: list[int]) -> _Call:
@@ -502,7 +476,7 @@ class PeerBackend:
     # for operators and tests --------------------------------------------------------
     def server_stats(self) -> dict[str, dict[str, Any] | None]:
         """Each peer's server-side figures (its STATS reply), None for a peer that failed."""
-        self._check_open()
+        self.ensure_open()
         out: dict[str, dict[str, Any] | None] = {p.label: None for p in self._peers}
 
         def build(peer: Peer, chunk: list[int]) -> _Call:

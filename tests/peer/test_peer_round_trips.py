@@ -147,7 +147,8 @@ def test_get_into_fills_the_callers_buffers_exactly(
         keys = [key(i) for i in range(3)]
         blobs = [encode(NS.fingerprint, k, block(i, 5000 + i), Codec()) for i, k in
                  enumerate(keys)]
-        assert list(backend.kvtier_put_parts(keys, [[b[:10], b[10:]] for b in blobs])) == [True] * 3
+        parts = [[b[:10], b[10:]] for b in blobs]
+        assert list(backend.kvtier_put_parts(keys, parts, [])) == [True] * 3
         heads = [bytearray(100) for _ in blobs]
         bodies = [bytearray(len(b) - 100) for b in blobs]
         scatter = [[memoryview(h), memoryview(d)] for h, d in zip(heads, bodies)]
