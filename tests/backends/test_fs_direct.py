@@ -16,8 +16,8 @@ import pytest
 from fs_blocks import store_of
 
 from kvtier import Namespace, open_chain
-from kvtier.backends import _fsdirect
-from kvtier.backends._fsdirect import DIRECT_MIN
+from kvtier.backends.fs import direct as fs_direct
+from kvtier.backends.fs.direct import DIRECT_MIN
 from kvtier.block.framing import ALIGN, ALIGN_MIN
 from kvtier.plugins.registry import BackendHandle, default_registry
 
@@ -146,7 +146,7 @@ def test_cached_blocks_are_read_from_the_page_cache_into_the_callers_buffers(
     # "hot" came from the cache straight into the caller's two buffers; "cold"
     # was not even tried there (a miss would start readahead of the whole file)
     # where the kernel can say what is cached
-    tried = 2 if _fsdirect._CACHESTAT_NR is None else 1
+    tried = 2 if fs_direct._CACHESTAT_NR is None else 1
     assert log.nowait == [[71, (2 << 20) - 71]] * tried
     # only "cold" needed the disk: one aligned O_DIRECT read
     assert len(log.calls) == 1 and all(n % 4096 == 0 for n in log.calls[0])
@@ -180,7 +180,7 @@ def test_filesystem_refusing_o_direct_falls_back(
             raise OSError(errno.EINVAL, "Invalid argument")
         return int(real_fcntl(fd, cmd, arg))
 
-    monkeypatch.setattr(_fsdirect.fcntl, "fcntl", fcntl_refusing_direct)
+    monkeypatch.setattr(fs_direct.fcntl, "fcntl", fcntl_refusing_direct)
     tier = open_fs(tmp_path / "store", handles)
     blocks = [blob(n, 3) for n in SIZES]
     keys = [f"refused-{n}".encode() for n in SIZES]

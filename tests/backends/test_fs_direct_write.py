@@ -13,8 +13,8 @@ import pytest
 from fs_blocks import Opener, blob, store_of
 
 from kvtier import Namespace, open_chain
-from kvtier.backends import _fsdirect
-from kvtier.backends._fsdirect import DIRECT_MIN
+from kvtier.backends.fs import direct as fs_direct
+from kvtier.backends.fs.direct import DIRECT_MIN
 from kvtier.block.framing import ALIGN
 
 #: Around the direct threshold and the 4 KiB alignment, and whole aligned chunks.
@@ -82,7 +82,7 @@ def test_direct_writes_leave_the_page_cache_alone(local_url: str, opener: Opener
     assert list(tier.put([b"cold"], [data], [])) == [True]
     fd = os.open(store.path(b"cold"), os.O_RDONLY)
     try:
-        cached = _fsdirect._all_cached(fd, len(data))
+        cached = fs_direct._all_cached(fd, len(data))
     finally:
         os.close(fd)
     if cached is None:

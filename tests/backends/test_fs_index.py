@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import xxhash
 
-from kvtier.backends import _fsindex
+from kvtier.backends.fs import index as fs_index
 from kvtier.plugins.registry import BackendHandle, default_registry
 
 NS = "00112233445566778899aabbccddeeff"
@@ -172,11 +172,11 @@ def test_a_damaged_index_means_a_full_scan(
 def test_an_index_with_a_key_in_the_wrong_leaf_is_refused(tmp_path: Path) -> None:
     """The check that keeps a hand-made index from hiding keys from every rescan."""
     (tmp_path / NS).mkdir(parents=True)
-    store = _fsindex.LocalStore(str(tmp_path / NS))
-    _fsindex.save_index(store, [b"\x01\x02key"], [10], lambda f, xs: [f(x) for x in xs], False)
+    store = fs_index.LocalStore(str(tmp_path / NS))
+    fs_index.save_index(store, [b"\x01\x02key"], [10], lambda f, xs: [f(x) for x in xs], False)
     path = tmp_path / NS / "index.kvi"
-    assert _fsindex.load_index(store, lambda f, xs: [f(x) for x in xs]) is not None
+    assert fs_index.load_index(store, lambda f, xs: [f(x) for x in xs]) is not None
     body = bytearray(path.read_bytes()[:-8])
     body[-7] ^= 1  # the key's first byte: now it belongs in another leaf
     path.write_bytes(bytes(body) + xxhash.xxh3_64_digest(bytes(body)))
-    assert _fsindex.load_index(store, lambda f, xs: [f(x) for x in xs]) is None
+    assert fs_index.load_index(store, lambda f, xs: [f(x) for x in xs]) is None

@@ -16,7 +16,7 @@ from faultkit import Report, block_for, object_tier, read_exact
 from seaweed import SeaweedServer
 
 import kvtier
-from kvtier.backends._fsindex import INDEX_NAME
+from kvtier.backends.fs.index import INDEX_NAME
 from kvtier.chain.catalog import CATALOG_HEX
 from kvtier.config import describe, load_config
 
@@ -114,7 +114,7 @@ def test_keys_never_become_paths(tmp_path: Path) -> None:
         namespace = chain.namespace.hex
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     # beside the blocks: the namespace's descriptor (kvtier.chain.catalog) and the
-    # tier's index of each namespace (backends/_fsindex.py)
+    # tier's index of each namespace (backends/fs/index.py)
     made = [p for p in files if CATALOG_HEX not in p.parts and p.name != INDEX_NAME]
     assert len(made) == len(HOSTILE_KEYS)
     assert sorted(p.name for p in files if p not in made) == sorted(

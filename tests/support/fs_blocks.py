@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from kvtier.backends._fslocal import LocalStore
+from kvtier.backends.fs.local import LocalStore
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import BytesLike
 

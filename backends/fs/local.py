@@ -3,7 +3,7 @@
 A block is published by writing a temp file (``writev`` of its gather list)
 and renaming it into place; it is read with one ``read`` into a bytes object,
 or with ``preadv`` straight into the caller's buffers, and large blocks
-bypass the page cache (:class:`~kvtier.backends._fsdirect.DirectIO`).
+bypass the page cache (:class:`~kvtier.backends.fs.direct.DirectIO`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._batch import byte_views
-from ._fsdirect import IOV_MAX, DirectIO
-from ._fslayout import (
+from .._batch import byte_views
+from .direct import IOV_MAX, DirectIO
+from .layout import (
     FAN_RE,
     TMP_PREFIX,
     Entry,

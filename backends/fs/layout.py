@@ -2,17 +2,17 @@
 
 Every store keeps one layout, ``<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.kvb``:
 
-* :class:`~kvtier.backends._fslocal.LocalStore` speaks plain ``os`` calls
+* :class:`~kvtier.backends.fs.local.LocalStore` speaks plain ``os`` calls
   (``writev``, ``preadv``, one ``read`` per block) because fsspec's file
   objects cost a copy and several Python frames per block, and this path must
   keep up with plain file I/O; its large reads bypass the page cache
-  (:mod:`kvtier.backends._fsdirect`).
-* :class:`~kvtier.backends._fsremote.RemoteStore` speaks fsspec and publishes a
+  (:mod:`kvtier.backends.fs.direct`).
+* :class:`~kvtier.backends.fs.remote.RemoteStore` speaks fsspec and publishes a
   block with one ``pipe_file``, which object stores (and ``memory://``) make
   atomic.
 
 Neither keeps any state about blocks: the index, capacity and locking live in
-:mod:`kvtier.backends.fs` and :mod:`kvtier.backends._fscapacity`.  A missing
+:mod:`kvtier.backends.fs` and :mod:`kvtier.backends.fs.capacity`.  A missing
 file is reported as ``None``/``False``, every other failure is left to raise
 (``OSError`` or whatever fsspec raises).
 """

@@ -2,7 +2,7 @@
 O_DIRECT, read from the page cache if it holds the whole file, else with
 O_DIRECT, straight from and into the caller's buffers.
 
-:class:`DirectIO` is the part of :class:`~kvtier.backends._fslocal.LocalStore`
+:class:`DirectIO` is the part of :class:`~kvtier.backends.fs.local.LocalStore`
 that decides and does it; it keeps only what the filesystem refused
 (O_DIRECT, ``RWF_NOWAIT``), so that it stops asking.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._batch import copy_bytes, scatter
+from .._batch import copy_bytes, scatter
 
 __all__ = ["DIRECT_MIN", "IOV_MAX", "DirectIO"]
 

@@ -1,22 +1,26 @@
 """The ``fs`` backend: one file per block on any fsspec URL.
 
 Layout: ``<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.kvb`` where ``hex``
-is the key's hex (see :mod:`kvtier.backends._fslayout`).  File names derive
+is the key's hex (see :mod:`kvtier.backends.fs.layout`).  File names derive
 from the key alone, so nothing a caller controls reaches a path.
 
 Local roots (``file://`` or a plain absolute path) use plain ``os`` calls:
 temp file + ``rename`` to publish, ``writev``/``preadv`` for the gather and
-scatter hooks (:mod:`kvtier.backends._fslocal`; large reads bypass the page
-cache, :mod:`kvtier.backends._fsdirect`).  Other URLs (``memory://``,
+scatter hooks (:mod:`kvtier.backends.fs.local`; large reads bypass the page
+cache, :mod:`kvtier.backends.fs.direct`).  Other URLs (``memory://``,
 ``s3://``, ...) go through fsspec and publish with a single ``pipe_file``
-(:mod:`kvtier.backends._fsremote`).
+(:mod:`kvtier.backends.fs.remote`).
 
 The filesystem is the authority.  This process keeps an index (key -> size,
-in LRU order, :mod:`kvtier.backends._fscapacity`) to enforce the capacity and
+in LRU order, :mod:`kvtier.backends.fs.capacity`) to enforce the capacity and
 answer lookups without a stat, but a key missing from it is still looked for
 on disk, so several processes can share one directory.  The index is rebuilt
 at open from the file a local tier leaves at close
-(:mod:`kvtier.backends._fsindex`), or by walking the tree.
+(:mod:`kvtier.backends.fs.index`), or by walking the tree.
+
+The rest of the package: :mod:`.open` picks the store a URL gets,
+:mod:`.scan` lists the blocks for ``kvtier_scan``, and :mod:`.threads`
+spreads a batch over the I/O threads.
 """
 
 from __future__ import annotations
@@ -41,15 +45,15 @@ from kvtier.spec import (
     hookimpl,
 )
 
-from ._batch import joined, nbytes
-from ._fscapacity import Ledger, Victim
-from ._fsdirect import DIRECT_MIN
-from ._fsindex import load_tree, save_index
-from ._fslayout import NAMESPACE_RE, Store
-from ._fslocal import LocalStore
-from ._fsopen import open_store
-from ._fsscan import scan_store
-from ._fsthreads import run_batch
+from .._batch import joined, nbytes
+from .capacity import Ledger, Victim
+from .direct import DIRECT_MIN
+from .index import load_tree, save_index
+from .layout import NAMESPACE_RE, Store
+from .local import LocalStore
+from .open import open_store
+from .scan import scan_store
+from .threads import run_batch
 
 log = logging.getLogger("kvtier.backends.fs")
 

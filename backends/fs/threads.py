@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ._batch import Failed
+from .._batch import Failed
 
 __all__ = ["run_batch"]
 

@@ -1,6 +1,6 @@
 """``kvtier_scan`` for the ``fs`` backend: list blocks of one namespace or all of them.
 
-Walks the layout of :mod:`kvtier.backends._fslayout`
+Walks the layout of :mod:`kvtier.backends.fs.layout`
 (``<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.kvb``) without touching
 anything: unlike the scan at open, temp files are neither listed nor removed,
 and files that are not blocks of this layout are left out.
@@ -15,8 +15,8 @@ from typing import Any
 
 from kvtier.spec import ConfigError, ScanEntry
 
-from ._fslayout import FAN_RE, NAMESPACE_RE, Store, key_of_name
-from ._fsremote import RemoteStore, mtime_of
+from .layout import FAN_RE, NAMESPACE_RE, Store, key_of_name
+from .remote import RemoteStore, mtime_of
 
 __all__ = ["SCAN_BATCH", "scan_local", "scan_remote", "scan_store"]
 

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ._fslayout import FAN_RE, TMP_PREFIX, Entry, Mapper, Store, listdir, scan_leaf
-from ._fslocal import LocalStore
+from .layout import FAN_RE, TMP_PREFIX, Entry, Mapper, Store, listdir, scan_leaf
+from .local import LocalStore
 
 __all__ = ["INDEX_NAME", "leaf_of", "load_index", "load_tree", "save_index"]
 

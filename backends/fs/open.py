@@ -1,6 +1,6 @@
 """Which store an ``fs`` tier's URL gets: fsspec resolves it, a local directory gets
-:class:`~kvtier.backends._fslocal.LocalStore`, anything else
-:class:`~kvtier.backends._fsremote.RemoteStore`."""
+:class:`~kvtier.backends.fs.local.LocalStore`, anything else
+:class:`~kvtier.backends.fs.remote.RemoteStore`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 from kvtier.spec import ConfigError
 
-from ._fslayout import Store
-from ._fslocal import LocalStore
-from ._fsremote import RemoteStore
+from .layout import Store
+from .local import LocalStore
+from .remote import RemoteStore
 
 __all__ = ["open_store"]
 
