@@ -26,7 +26,6 @@ spreads a batch over the I/O threads.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
@@ -51,7 +50,7 @@ from .direct import DIRECT_MIN
 from .index import load_tree, save_index
 from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
-from .open import open_store
+from .open import check_url, open_store, redact
 from .scan import scan_store
 from .threads import run_batch
 
@@ -64,9 +63,9 @@ R = TypeVar("R")
 
 
 # The checks see values already parsed as the option's type (an int, a str).
-def _check_url(value: str) -> None:
-    if not value.strip():
-        raise ValueError("expected a URL such as file:///var/cache/kv or s3://bucket/prefix")
+def _check_capacity(value: int) -> None:
+    if value < 1:  # 0 would refuse every put, silently
+        raise ValueError(f"expected at least 1 byte, got {value}; leave it unset for no bound")
 
 
 def _check_threads(value: int) -> None:
@@ -80,12 +79,20 @@ OPTIONS: Mapping[str, Option] = {
         "where blocks live: file:///abs/path, /abs/path, memory://name, or any "
         "fsspec URL such as s3://bucket/prefix",
         required=True,
-        check=_check_url,
+        check=check_url,
     ),
     "capacity": Option(
         "size",
         "bytes of block files to keep before evicting the least recently used; unset for unbounded",
         default=None,
+        check=_check_capacity,
+    ),
+    "create": Option(
+        "bool",
+        "make a local root directory that does not exist; false: it must exist already (a "
+        "mount point; kvtier inspect, scrub and purge open with false, so a mistyped path "
+        "is an error and nothing is created)",
+        default=True,
     ),
     "fsync": Option(
         "bool",
@@ -114,12 +121,6 @@ OPTIONS: Mapping[str, Option] = {
     ),
 }
 
-_USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
-
-
-def _redact(url: str) -> str:
-    """The URL without any ``user:password@`` part, for messages."""
-    return _USERINFO_RE.sub(r"\1***@", url)
 
 
 class FsBackend:
@@ -154,7 +155,7 @@ class FsBackend:
                 raise RuntimeError("fs backend is already open")
         # options arrive checked against OPTIONS, defaults filled (BackendHandle.open)
         url: str = options["url"]
-        self._url = _redact(url)
+        self._url = redact(url)
         if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
             # it becomes a directory name: accept nothing but the documented form
             raise ConfigError(
@@ -163,7 +164,8 @@ class FsBackend:
         self._ledger.capacity = options["capacity"]
         self._threads = options["io_threads"]
         self._fsync = options["fsync"]
-        store = open_store(url, options["storage_options"], namespace, self._url)
+        store = open_store(url, options["storage_options"], namespace, self._url,
+                           options["create"])
         if isinstance(store, LocalStore) and options["direct_io"]:
             store.direct_min = DIRECT_MIN
         try:

@@ -113,10 +113,11 @@ def test_open_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         open_("nosuchproto://user:secret@host/x")
     assert "secret" not in str(info.value)
-    # root is a file, not a directory
+    # root is a file, not a directory: the url option's check says so (config validate too)
     (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(BackendError):
+    with pytest.raises(ConfigError) as info:
         open_(str(tmp_path / "file"))
+    assert info.value.key == "url" and "is a file, not a directory" in str(info.value)
 
 
 def test_missing_fsspec_package_is_named() -> None:
@@ -154,7 +155,7 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     fresh = default_registry().create("fs")
     opts = fresh.options()
     assert set(opts) == {
-        "url", "capacity", "fsync", "io_threads", "direct_io", "storage_options"
+        "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options"
     }
     assert opts["url"].required
     assert opts["storage_options"].secret
