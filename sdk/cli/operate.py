@@ -11,11 +11,18 @@ checks (:mod:`kvtier.block.framing`).
 
 A tier that is neither persistent nor shared (RAM) holds blocks only inside
 the process that runs the chain, so these commands skip it and say why.
+
+They look at stores that exist and create none: a backend that declares the
+boolean option :data:`CREATE_OPTION` is opened with it off, so that a
+mistyped location is an error naming it, not a new, empty store.  An option
+a backend refuses when opened is an error of the command too; a tier that
+cannot be opened for another reason (a server down) is skipped and says why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -28,10 +35,12 @@ from kvtier.block.namespace import Namespace
 from kvtier.chain.catalog import CATALOG_HEX, open_catalog, read_descriptors
 from kvtier.chain.tier import Tier
 from kvtier.config.loader import ChainConfig, TierConfig
+from kvtier.plugins.options import CheckedOptions
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ConfigError, CorruptBlockError, ScanEntry
 
 __all__ = [
+    "CREATE_OPTION",
     "Corrupt",
     "NamespaceSummary",
     "OperatorStore",
@@ -47,12 +56,24 @@ __all__ = [
 READ_BATCH_BYTES = 64 << 20
 #: Keys per evict call.
 EVICT_BATCH = 1000
+#: A backend option (``bool``) saying whether opening may create the store's location.
+CREATE_OPTION = "create"
+
+
+def as_found(config: TierConfig, registry: BackendRegistry) -> TierConfig:
+    """``config`` with :data:`CREATE_OPTION` off, where its backend declares it."""
+    declared = registry.options(config.backend).get(CREATE_OPTION)
+    if declared is None or declared.type != "bool":
+        return config
+    options = CheckedOptions({**config.options, CREATE_OPTION: False}, config.backend)
+    return dataclasses.replace(config, options=options)
 
 
 class OperatorStore:
     """One tier's store, opened for operators: a lister, plus an instance per namespace."""
 
     def __init__(self, config: TierConfig, registry: BackendRegistry) -> None:
+        config = as_found(config, registry)
         self.config = config
         self.name = config.name
         self._registry = registry
@@ -61,6 +82,8 @@ class OperatorStore:
         self.lister: Tier | None = None
         try:
             self.lister = open_catalog(config, registry)
+        except ConfigError:
+            raise  # a mistyped or missing location: the command cannot do what was asked
         except Exception as exc:
             self.skipped = f"cannot open: {exc}"
             return
@@ -112,12 +135,18 @@ def open_stores(config: ChainConfig, registry: BackendRegistry,
     if unknown:
         raise ConfigError(f"no tier named {unknown[0]!r} in {config.source} "
                           f"(tiers: {', '.join(names)})", key="--tier")
-    stores = [OperatorStore(t, registry) for t in config.tiers if not only or t.name in only]
-    named = [s for s in stores if s.skipped is not None and s.name in only]
-    if named:
+    stores: list[OperatorStore] = []
+    try:
+        for tier in config.tiers:
+            if not only or tier.name in only:
+                stores.append(OperatorStore(tier, registry))
+        named = [s for s in stores if s.skipped is not None and s.name in only]
+        if named:
+            raise ConfigError(f"tier {named[0].name!r}: {named[0].skipped}", key="--tier")
+    except BaseException:
         for store in stores:
             store.close()
-        raise ConfigError(f"tier {named[0].name!r}: {named[0].skipped}", key="--tier")
+        raise
     return stores
 
 

@@ -241,6 +241,7 @@ def test_refusals(tmp_path: Path) -> None:
 
 
 def test_a_tier_without_scan_is_skipped_or_refused(tmp_path: Path) -> None:
+    (tmp_path / "kv").mkdir()  # the commands create no store (test_operate_missing_root.py)
     path = tmp_path / "chain.yaml"
     path.write_text(yaml.safe_dump({"chain": [
         {"name": "disk", "backend": "fs", "url": f"file://{tmp_path}/kv"},
