@@ -121,7 +121,9 @@ def kvtier_put(
 
     :return: one ``bool`` per key: ``True`` if the block is now stored (or
         already was), ``False`` if it was refused (larger than the capacity
-        or ``max_block_size``).  A refused block is not an error.
+        or ``max_block_size``, or, for a backend declaring
+        ``Capabilities.framed_only``, not a frame of its namespace).  A
+        refused block is not an error.
 
     A reader must never see a partial block: publish atomically.  A key
     already stored keeps its bytes, and a key repeated in the batch stores
