@@ -50,16 +50,17 @@ def map_batch(
     workers: int,
     fn: Callable[[T], R],
     items: Sequence[T],
-    catch: type[BaseException] | tuple[type[BaseException], ...] = Exception,
-) -> list[R | Failed[BaseException]]:
+    catch: type[Exception] | tuple[type[Exception], ...] = Exception,
+) -> list[R | Failed[Exception]]:
     """``fn`` over ``items`` on up to ``workers`` threads of ``pool``, results in order.
 
     An exception of a ``catch`` type is caught per item and stands in its
-    place as :class:`Failed`; any other propagates once every item has
-    finished.  Workers pull the next item from a shared cursor, so one slow
-    item does not hold up a fixed share of the batch, and the calling thread
-    works too instead of waiting.  Without a pool, for one item, or once the
-    pool is shut down, the calling thread does it all.
+    place as :class:`Failed`; any other (``KeyboardInterrupt`` included)
+    propagates once every item has finished.  Workers pull the next item
+    from a shared cursor, so one slow item does not hold up a fixed share of
+    the batch, and the calling thread works too instead of waiting.  Without
+    a pool, for one item, or once the pool is shut down, the calling thread
+    does it all.
     """
     n = len(items)
     results: list[Any] = [None] * n
@@ -79,7 +80,6 @@ def map_batch(
             except catch as exc:
                 results[i] = Failed(exc)
             except BaseException as exc:  # still let every other item finish
-                results[i] = Failed(exc)
                 escaped.append(exc)
 
     futures: list[Future[None]] = []
@@ -105,7 +105,7 @@ def run_batch(
     The first exception, in item order, is raised only once every item has
     finished, so no work of the batch is left running behind the caller.
     """
-    results = map_batch(pool, workers, fn, items, catch=BaseException)
+    results = map_batch(pool, workers, fn, items)
     for r in results:
         if isinstance(r, Failed):
             raise r.exc

@@ -43,12 +43,15 @@ from kvtier.spec import (
     Capabilities,
     ClosedError,
     ConfigError,
+    Failed,
     Option,
     ScanEntry,
-    hookimpl,
+    first_positions,
+    map_batch,
 )
+from kvtier.spec.base import Evicted, Scan, Tamper
 
-from .._batch import Failed, first_positions, nbytes
+from .._batch import nbytes
 from .faults import Bucket, first_line
 from .keys import KeyIndex, PresenceCache
 
@@ -107,15 +110,19 @@ _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
 
 
-class ObjectBackend:
+class ObjectBackend(Tamper, Scan):
     """Blocks as objects in an S3-compatible bucket."""
+
+    name = "object"
+    OPTIONS = OPTIONS
 
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
+        super().__init__()
         self._lock = threading.Lock()
-        self._state = "new"  # -> "open" -> "closed"
         self._store: S3Store | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._concurrency = 1
         self._bucket = Bucket()  # names it in messages
         self._root = ""
         self._prefix = ""  # the option, without slashes: the namespaces' parent
@@ -127,21 +134,13 @@ class ObjectBackend:
         self._index: KeyIndex | None = None  # with capacity or max_age
         self._last_cleanup = 0.0
         self._cleaner: threading.Thread | None = None
-        self._stats = dict.fromkeys(
+        self._counts = dict.fromkeys(
             ("uploads", "uploaded_bytes", "already_stored", "cache_hits", "heads", "deleted",
              "scans"), 0
         )
 
     # lifecycle --------------------------------------------------------------
-    @hookimpl
-    def kvtier_options(self) -> Mapping[str, Option]:
-        return OPTIONS
-
-    @hookimpl
-    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
-        with self._lock:
-            if self._state != "new":
-                raise ClosedError(f"object backend is {self._state}; open it once")
+    def _open(self, options: Mapping[str, Any], namespace: str) -> None:
         if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
             raise ConfigError(
                 f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
@@ -169,10 +168,8 @@ class ObjectBackend:
             raise self._bucket.fault(exc, "open") from exc
         with self._lock:
             self._store = store
-            self._pool = ThreadPoolExecutor(
-                options["concurrency"], thread_name_prefix="kvtier-object"
-            )
-            self._state = "open"
+            self._concurrency = options["concurrency"]
+            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="kvtier-object")
 
     def _s3_store(self, options: Mapping[str, Any]) -> S3Store:
         """The obstore client for ``options``; ConfigError if obstore rejects them."""
@@ -215,11 +212,7 @@ class ObjectBackend:
             detail = self._bucket.scrub(first_line(exc))
             raise ConfigError(f"{self._bucket.where}: {detail}") from None
 
-    @hookimpl
-    def kvtier_capabilities(self) -> Capabilities:
-        with self._lock:
-            if self._state == "closed":
-                raise ClosedError("object backend is closed")
+    def _capabilities(self) -> Capabilities:
         return Capabilities(
             persistent=True,
             shared=True,
@@ -229,11 +222,9 @@ class ObjectBackend:
             extra={"store": "s3", "conditional_put": self._conditional},
         )
 
-    @hookimpl
-    def kvtier_stats(self) -> Mapping[str, int | float]:
+    def _stats(self) -> Mapping[str, int | float]:
         with self._lock:
-            self._check_open()
-            stats: dict[str, int | float] = dict(self._stats)
+            stats: dict[str, int | float] = dict(self._counts)
             stats["lookup_cache_entries"] = len(self._cache)
             if self._index is not None:
                 stats["used_bytes"] = self._index.used
@@ -242,12 +233,8 @@ class ObjectBackend:
                 stats["capacity_bytes"] = self._capacity
         return stats
 
-    @hookimpl
-    def kvtier_close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
-            if self._state == "closed":
-                return
-            self._state = "closed"
             pool, self._pool = self._pool, None
             cleaner = self._cleaner
             self._cache.clear()
@@ -258,9 +245,10 @@ class ObjectBackend:
             pool.shutdown(wait=True)
 
     # data path --------------------------------------------------------------
-    @hookimpl
-    def kvtier_put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> Sequence[bool]:
-        # no `evicted` parameter: reports_evictions=False, capacity deletes are not handed on
+    def _put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
+    ) -> Sequence[bool]:
+        # reports_evictions=False: capacity deletes are not handed on through `evicted`
         store = self._live_store()
         first = first_positions(keys)
         sizes = {k: nbytes(blocks[i]) for k, i in first.items()}
@@ -319,8 +307,7 @@ class ObjectBackend:
         self._count(uploads=1, uploaded_bytes=nbytes(block))
         return True
 
-    @hookimpl
-    def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
+    def _get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         store = self._live_store()
         unique = list(first_positions(keys))
 
@@ -345,8 +332,7 @@ class ObjectBackend:
             raise self._bucket.fault(failure, "get") from failure
         return [found[k] for k in keys]
 
-    @hookimpl
-    def kvtier_lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
+    def _lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
         store = self._live_store()
         answers: dict[bytes, bool] = {}
         now = time.monotonic()
@@ -355,7 +341,7 @@ class ObjectBackend:
                 cached = self._cache.get(key, now)
                 if cached is not None:
                     answers[key] = cached
-            self._stats["cache_hits"] += len(answers)
+            self._counts["cache_hits"] += len(answers)
         ask = [k for k in first_positions(keys) if k not in answers]
         if ask:
             outcomes = self._map(lambda k: self._exists(store, k), ask)
@@ -379,8 +365,7 @@ class ObjectBackend:
             return False
         return True
 
-    @hookimpl
-    def kvtier_evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
+    def _evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
         store = self._live_store()
         unique = list(first_positions(keys))
         # S3 answers a DELETE of a missing object with 204 as well: ask first,
@@ -404,8 +389,7 @@ class ObjectBackend:
             gone.discard(key)  # a repeated key was removed by its first mention
         return out
 
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         # raw GET, transform, overwriting PUT: no cache, no index, no condition
         store = self._live_store()
         path = self._path(key)
@@ -420,21 +404,20 @@ class ObjectBackend:
         return True
 
     # operators --------------------------------------------------------------
-    @hookimpl
-    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+    def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         store = self._live_store()
         if namespace is not None and not _NAMESPACE_RE.match(namespace):
             raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
                               key="namespace")
-        return self._scan(store, namespace)
+        return self._list(store, namespace)
 
-    def _scan(self, store: S3Store, namespace: str | None) -> Iterator[list[ScanEntry]]:
+    def _list(self, store: S3Store, namespace: str | None) -> Iterator[list[ScanEntry]]:
         """One paged LIST (1000 objects a page, S3's most); a batch per page."""
         base = f"{self._prefix}/" if self._prefix else ""
         listed = base if namespace is None else f"{base}{namespace}/"
         try:
             for chunk in obstore.list(store, listed or None, chunk_size=1000):
-                self._check_open()
+                self.ensure_open()
                 batch = []
                 for meta in chunk:
                     rel = meta["path"][len(base):].split("/")
@@ -456,7 +439,7 @@ class ObjectBackend:
             return
         interval = CLEANUP_INTERVAL if self._scan_interval is None else self._scan_interval
         with self._lock:
-            if self._state != "open" or time.monotonic() - self._last_cleanup < interval:
+            if not self.is_open or time.monotonic() - self._last_cleanup < interval:
                 return
             if self._cleaner is not None and self._cleaner.is_alive():
                 return
@@ -521,31 +504,13 @@ class ObjectBackend:
     def _count(self, **amounts: int) -> None:
         with self._lock:
             for name, n in amounts.items():
-                self._stats[name] += n
+                self._counts[name] += n
 
     def _map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R | Failed[Exception]]:
         """``fn`` over ``items`` on the pool, exceptions caught per item, results in order."""
-
-        def safe(item: T) -> R | Failed[Exception]:
-            try:
-                return fn(item)
-            except Exception as exc:
-                return Failed(exc)
-
-        pool = self._pool
-        if len(items) <= 1 or pool is None:
-            return [safe(item) for item in items]  # a batch of one needs no thread hop
-        try:
-            return list(pool.map(safe, items))
-        except RuntimeError:  # the pool shut down under us: close() ran
-            raise ClosedError("object backend is closed") from None
+        return map_batch(self._pool, self._concurrency, fn, items)
 
     def _live_store(self) -> S3Store:
-        self._check_open()
+        self.ensure_open()
         assert self._store is not None
         return self._store
-
-    def _check_open(self) -> None:
-        if self._state != "open":
-            state = "closed" if self._state == "closed" else "not open"
-            raise ClosedError(f"object backend is {state}")
