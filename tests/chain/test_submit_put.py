@@ -51,11 +51,12 @@ def change(buffer: bytearray, array: np.ndarray) -> None:
     array[:] = 0
 
 
-def result_of(chain: kvtier.Chain, job: int) -> list[bool]:
-    assert chain.wait([job], timeout=30)
-    (result,) = [r for r in chain.poll() if r.job_id == job]
-    assert result.error is None
-    return result.result
+def results_of(chain: kvtier.Chain, *jobs: int) -> list[list[bool]]:
+    """The results of ``jobs``, once all are done (a poll reports each job once)."""
+    assert chain.wait(jobs, timeout=30)
+    results = {r.job_id: r for r in chain.poll()}
+    assert all(results[job].error is None for job in jobs)
+    return [results[job].result for job in jobs]
 
 
 def tiers_hold(chain: kvtier.Chain) -> list[list[bytes | None]]:
@@ -80,7 +81,7 @@ def test_a_buffer_changed_once_the_job_has_it_changes_nothing_stored(
         assert held.reached.wait(30)
         change(buffer, array)
         held.resume.set()
-        assert result_of(chain, job) == [True, True]
+        assert results_of(chain, job) == [[True, True]]
         assert chain.flush(30)
         assert chain.get_bytes(KEYS) == [BEFORE, BEFORE]
         assert tiers_hold(chain) == [[BEFORE, BEFORE], [BEFORE, BEFORE]]
@@ -108,8 +109,7 @@ def test_a_buffer_changed_before_the_job_read_it_is_refused(
         change(buffer, array)
         with caplog.at_level(logging.WARNING, logger="kvtier.chain"):
             held.resume.set()
-            assert result_of(chain, first) == [False]
-            assert result_of(chain, job) == [False, False, True]
+            assert results_of(chain, first, job) == [[False], [False, False, True]]
         assert chain.flush(30)
         assert chain.lookup([*KEYS, b"steady"]) == [None, None, 0]
         assert chain.get_bytes([b"steady"]) == [steady]
