@@ -298,8 +298,9 @@ class Chain:
         """Fill ``out[i]`` (a writable buffer of the block's size) with block ``keys[i]``.
 
         Returns True where the block was found and checked.  Where it is
-        False the content of ``out[i]`` is unspecified.  Hits below the first
-        tier are promoted asynchronously.
+        False the content of ``out[i]`` is unspecified.  A block of another
+        size than ``out[i]`` is a miss counted in ``size_mismatch``, and stays
+        stored.  Hits below the first tier are promoted asynchronously.
         """
         self._check_open()
         keys = _check_keys(keys)
