@@ -151,7 +151,7 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         if chain is None:
             log.warning("kvtier: clear() before a host pool was registered (or after close)")
             return False
-        removed, kept, failed = 0, [], set()
+        removed, kept, failed = 0, [], set[str]()
         for tier in list(chain.tiers):
             try:
                 for batch in tier.scan(chain.namespace.hex):
