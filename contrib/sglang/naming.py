@@ -14,7 +14,7 @@ from typing import Any
 from kvtier import Namespace
 from kvtier.spec import MAX_KEY_SIZE
 
-__all__ = ["MAX_REGIONS", "PAGE", "namespace_for", "parallel_layout", "storage_key"]
+__all__ = ["MAX_REGIONS", "PAGE", "namespace_for", "parallel_layout", "pool_key", "storage_key"]
 
 #: ``region`` of a whole page, as the v0 calls (``get``/``set``) move it.
 PAGE = 0
@@ -24,7 +24,7 @@ MAX_REGIONS = 0xFFFF
 # Key forms, the first byte of every stored key.  A fixed three-byte header
 # (form, region) keeps keys of different forms and regions apart without any
 # escaping: the rest of the key is never parsed.
-_HEX, _TEXT, _DIGEST = 1, 2, 3
+_HEX, _TEXT, _DIGEST, _POOL = 1, 2, 3, 4
 _HEADER = 3
 _HEX_RE = re.compile(r"(?:[0-9a-f]{2})+")
 
@@ -46,6 +46,19 @@ def storage_key(key: str, region: int = PAGE) -> bytes:
     if 0 < len(raw) <= MAX_KEY_SIZE - _HEADER:
         return bytes([_TEXT]) + tail + raw
     return bytes([_DIGEST]) + tail + hashlib.blake2b(raw, digest_size=32).digest()
+
+
+def pool_key(key: str, pool: str, page_bytes: int) -> bytes:
+    """The kvtier key of page ``key``'s part in SGLang's extra host pool ``pool``.
+
+    Hybrid models keep per-page state beside the KV (Mamba, sliding-window
+    pools; SGLang's v2 calls).  The key is a digest of the pool's name, the
+    bytes of one of its pages and the page key, under a form of its own: it
+    never equals a KV page's key, and a pool of another shape never answers.
+    """
+    raw = f"{pool}\0{page_bytes}\0{key}".encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(raw, digest_size=32, person=b"kvtier-sglang-p").digest()
+    return bytes([_POOL, 0, 0]) + digest
 
 
 def parallel_layout(storage_config: Any) -> str:

@@ -20,6 +20,12 @@ v1 (``batch_get_v1``/``batch_set_v1``, ``"interface_v1": 1``)
     is one block, read straight into the pool's memory and written straight
     from it: the block encoding is the only copy.
 
+Hybrid models (v2: ``batch_exists_v2``/``batch_get_v2``/``batch_set_v2``)
+    SGLang registers each extra host pool (Mamba states, sliding-window KV)
+    and moves its pages after the KV pages; each is one block, its flat
+    data page (see :mod:`.pools`).  ``batch_exists_v2`` counts a page only
+    with every part the pools' hit policies ask for.
+
 A fault below (a tier down, a corrupt block, a full disk) is a miss or
 ``False`` for SGLang, logged once per call kind; the chain's stats count it.
 """
@@ -33,14 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolTransferResult
 
 import kvtier
 from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError, PluginError
 
 from .args import storage_chain
-from .naming import MAX_REGIONS, PAGE, namespace_for, storage_key
+from .naming import MAX_REGIONS, PAGE, namespace_for, pool_key, storage_key
+from .pools import PoolPages, usable_prefix
 
 __all__ = ["KvtierStorage"]
 
@@ -103,6 +110,7 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         self.faults = 0
         self._regions = 1
         self._host: _HostMemory | None = None
+        self._pools: dict[str, PoolPages] = {}  # v2: extra host pools by name
         self._logged: set[str] = set()
         self._lock = threading.Lock()
 
@@ -119,6 +127,7 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
             if not 0 < regions <= MAX_REGIONS:
                 raise ConfigError(f"kvtier: a host page has {regions} buffer regions")
         self.close()
+        self._pools.clear()
         self.mem_pool_host = mem_pool_host
         self._host, self._regions = host, regions
         self.chain = kvtier.open_chain(self.chain_config, namespace)
@@ -319,6 +328,81 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
             self._fault("batch_set_v1", exc)
             return [False] * len(keys)
         return self._per_page(stored, len(keys))
+
+    # v2: hybrid models' extra host pools (Mamba, sliding window, ...) ------------------
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Remember an extra host pool; its pages are stored under keys of their own."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        self._pools[host_pool_name] = PoolPages(host_pool_name, host_pool)
+
+    def _pool(self, name: Any) -> PoolPages:
+        pool = self._pools.get(name)
+        if pool is None:
+            raise KeyError(f"kvtier: no host pool {name!r} was registered")
+        return pool
+
+    def _pool_keys(self, pool: PoolPages, keys: Sequence[str]) -> list[bytes]:
+        return [pool_key(k, str(pool.name), pool.page_bytes) for k in keys]
+
+    def batch_exists_v2(
+        self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None
+    ) -> Any:
+        """The usable prefix of ``keys``: KV pages stored in full, and each extra pool's
+        parts as its hit policy asks (see :func:`~kvtier.contrib.sglang.pools.usable_prefix`)."""
+        transfers = list(pool_transfers or ())
+        if not keys:
+            return PoolTransferResult.empty()
+        try:
+            chain = self._open_chain()
+            kv_pages = self.batch_exists(keys)
+            held: dict[int, list[bool]] = {}
+            for i, t in enumerate(transfers):
+                pool = self._pool(t.name)
+                where = chain.lookup(self._pool_keys(pool, keys[:kv_pages]))
+                held[i] = [w is not None for w in where]
+            index = {id(t): i for i, t in enumerate(transfers)}
+            final, hits, restorable = usable_prefix(
+                kv_pages, transfers, lambda t, page: held[index[id(t)]][page])
+        except Exception as exc:
+            self._fault("batch_exists_v2", exc)
+            return PoolTransferResult.empty()
+        return PoolTransferResult(final, hits, restorable)
+
+    def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[Any, list[bool]]:
+        """Store each extra pool's pages (a flat page per block); per pool, per page, stored."""
+        results: dict[Any, list[bool]] = {}
+        for t in transfers:
+            keys = list(t.keys or ())
+            try:
+                pool = self._pool(t.name)
+                pages = pool.read(pool.offsets(t.host_indices, len(keys)))
+                stored = self._open_chain().put(
+                    self._pool_keys(pool, keys), [_byte_view(p) for p in pages])
+            except Exception as exc:
+                self._fault("batch_set_v2", exc)
+                stored = [False] * len(keys)
+            results[t.name] = [bool(f) for f in stored]
+        return results
+
+    def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[Any, list[bool]]:
+        """Load each extra pool's pages into the pool; per pool, per page, found."""
+        results: dict[Any, list[bool]] = {}
+        for t in transfers:
+            keys = list(t.keys or ())
+            try:
+                pool = self._pool(t.name)
+                offsets = pool.offsets(t.host_indices, len(keys))
+                pages = pool.scratch(len(keys))
+                found = self._open_chain().get(
+                    self._pool_keys(pool, keys), [_byte_view(p) for p in pages])
+                for offset, page, hit in zip(offsets, pages, found):
+                    if hit:  # only whole, checked pages reach the pool
+                        pool.write(offset, page)
+            except Exception as exc:
+                self._fault("batch_get_v2", exc)
+                found = [False] * len(keys)
+            results[t.name] = [bool(f) for f in found]
+        return results
 
 
 def _chain_config(extra: dict[str, Any]) -> ChainConfig:

@@ -22,7 +22,7 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["import_host_pools", "mha_pool", "mla_pool"]
+__all__ = ["import_host_pools", "mamba_pool", "mha_pool", "mla_pool"]
 
 
 class _Placeholder(type):
@@ -144,3 +144,19 @@ def mla_pool(
         device_capacity_tokens=device_tokens, start_layer=0, end_layer=layers,
         target_layer_num=layers,
     )
+
+
+def mamba_pool(*, layers: int = 2, slots: int = 8, state: int = 4) -> Any:
+    """A ``MambaPoolHost`` (a hybrid model's per-request SSM and conv states) on the CPU."""
+    import torch
+
+    import_host_pools()
+    from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+
+    info = MambaStateBufferInfo(
+        temporal=torch.zeros(layers, slots, 2, state, dtype=torch.float32),
+        conv=(torch.zeros(layers, slots, 3, state, dtype=torch.bfloat16),),
+    )
+    return MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, device="cpu",
+                         layout="page_first")
