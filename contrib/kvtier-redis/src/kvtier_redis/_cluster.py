@@ -41,9 +41,12 @@ from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
-from kvtier.spec import BackendError, BytesLike, ConfigError
+from kvtier.spec import BackendError, BytesLike, ConfigError, Failed
 
 from . import _scripts
+
+#: What a shard answers when its commands did not get through.
+ShardFailure = Failed[BaseException]
 
 if TYPE_CHECKING:
     from ._settings import Settings
@@ -66,13 +69,6 @@ _SCAN_COUNT = 1000
 _PUT, _EVICT, _TOUCH = (_scripts.sha1(s) for s in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH))
 
 Command = tuple[Any, ...]
-
-
-class _Failed:
-    """What a shard answers when its commands did not get through."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 def _buffer(block: BytesLike) -> bytes | bytearray | memoryview:
@@ -206,7 +202,7 @@ class ClusterStore:
         stored = [False] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
-            if isinstance(shard_answers, _Failed):
+            if isinstance(shard_answers, Failed):
                 continue
             for part, answer in zip(parts[s], shard_answers):
                 if isinstance(answer, list):
@@ -228,7 +224,7 @@ class ClusterStore:
         found: list[bytes | None] = [None] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
-            if isinstance(shard_answers, _Failed):
+            if isinstance(shard_answers, Failed):
                 continue
             blocks = shard_answers[0]  # a failed TOUCH loses recency, not blocks
             # anything but one reply per key asked is a miss, never a guess
@@ -247,7 +243,7 @@ class ClusterStore:
         present = [False] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
-            if not isinstance(shard_answers, _Failed):
+            if not isinstance(shard_answers, Failed):
                 for index, answer in zip(by_shard[s], shard_answers):
                     present[index] = type(answer) is int and answer > 0
         self._raise_if_all_failed(answers)
@@ -266,7 +262,7 @@ class ClusterStore:
         removed = [False] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
-            if isinstance(shard_answers, _Failed):
+            if isinstance(shard_answers, Failed):
                 continue
             for part, flags in zip(parts[s], shard_answers):
                 if isinstance(flags, list) and len(flags) == len(part):
@@ -282,8 +278,8 @@ class ClusterStore:
         }
         used = blocks = evictions = 0
         for shard_answers in self._execute(commands).values():
-            if isinstance(shard_answers, _Failed):
-                raise self._fault(shard_answers.error)
+            if isinstance(shard_answers, Failed):
+                raise self._fault(shard_answers.exc)
             error = next((a for a in shard_answers if isinstance(a, Exception)), None)
             if error is not None:
                 raise self._fault(error)
@@ -406,19 +402,19 @@ class ClusterStore:
             args += (keys[index], buffers[index])
         return shard.script(_PUT, [keys[i] for i in part], args)
 
-    def _execute(self, commands: dict[int, list[Command]]) -> dict[int, list[Any] | _Failed]:
-        """Each shard's answers (per command, exceptions included), or _Failed for the shard.
+    def _execute(self, commands: dict[int, list[Command]]) -> dict[int, list[Any] | ShardFailure]:
+        """Each shard's answers (per command, exceptions included), or Failed for the shard.
 
         Shards are grouped by the node owning their slot now; each node gets
         one pipeline, and the nodes' pipelines run in parallel.
         """
         by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
-        answers: dict[int, list[Any] | _Failed] = {}
+        answers: dict[int, list[Any] | ShardFailure] = {}
         for s in commands:
             try:
                 node = self.client.nodes_manager.get_node_from_slot(self._slots[s])
             except (RedisError, RedisClusterException, IndexError) as exc:
-                answers[s] = _Failed(exc)
+                answers[s] = Failed(exc)
                 continue
             by_node.setdefault(node.name, (node, []))[1].append(s)
         work = list(by_node.values())
@@ -432,7 +428,7 @@ class ClusterStore:
 
     def _node_pipeline(
         self, commands: dict[int, list[Command]], node: ClusterNode, shards: list[int]
-    ) -> dict[int, list[Any] | _Failed]:
+    ) -> dict[int, list[Any] | ShardFailure]:
         flat = [command for s in shards for command in commands[s]]
         try:
             replies = self._send(flat, node)
@@ -443,8 +439,8 @@ class ClusterStore:
                 for index, reply in zip(missing, self._send([flat[i] for i in missing], node)):
                     replies[index] = reply
         except (RedisError, RedisClusterException, OSError) as exc:
-            return {s: _Failed(exc) for s in shards}
-        out: dict[int, list[Any] | _Failed] = {}
+            return {s: Failed(exc) for s in shards}
+        out: dict[int, list[Any] | ShardFailure] = {}
         at = 0
         for s in shards:
             out[s] = replies[at:at + len(commands[s])]
@@ -461,12 +457,12 @@ class ClusterStore:
             pipe.reset()
         return replies
 
-    def _raise_if_all_failed(self, answers: dict[int, list[Any] | _Failed]) -> None:
+    def _raise_if_all_failed(self, answers: dict[int, list[Any] | ShardFailure]) -> None:
         """BackendError if no command of the call got through, naming the first error."""
         errors: list[BaseException] = []
         for shard_answers in answers.values():
-            if isinstance(shard_answers, _Failed):
-                errors.append(shard_answers.error)
+            if isinstance(shard_answers, Failed):
+                errors.append(shard_answers.exc)
             elif all(isinstance(a, Exception) for a in shard_answers):
                 errors.extend(a for a in shard_answers if isinstance(a, Exception))
             else:

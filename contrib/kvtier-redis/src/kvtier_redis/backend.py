@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,13 +41,10 @@ from kvtier.spec import (
     BackendError,
     BytesLike,
     Capabilities,
-    ClosedError,
     ConfigError,
-    KvtierError,
-    Option,
     ScanEntry,
-    hookimpl,
 )
+from kvtier.spec.base import Evicted, Scan, Tamper
 
 from . import _scripts
 from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
@@ -63,7 +60,6 @@ _MAX_KEYS_PER_SCRIPT = 1024
 _SCAN_COUNT = 1000
 _NAMESPACE_RE = re.compile(rb"^[0-9a-f]{32}$")
 
-Evicted = MutableSequence[tuple[bytes, BytesLike]]
 
 
 @dataclass(frozen=True)
@@ -97,40 +93,29 @@ def _nbytes(block: bytes | bytearray | memoryview) -> int:
     return block.nbytes if isinstance(block, memoryview) else len(block)
 
 
-def _check_batch(keys: Sequence[bytes], other: Sequence[object]) -> None:
-    if len(keys) != len(other):
-        raise ValueError(f"batch of {len(keys)} keys but {len(other)} blocks")
+class RedisBackend(Tamper, Scan):
+    """A Redis tier; see the module docstring and contrib/kvtier-redis/README.md.
 
+    The lifecycle, batch checks and repeated keys are kvtier's ``BlockStore``.
+    """
 
-class RedisBackend:
-    """A Redis tier; see the module docstring and contrib/kvtier-redis/README.md."""
+    name = "redis"
+    OPTIONS = OPTIONS
 
     def __init__(self) -> None:
         # kvtier also instantiates to read options: no connection here
+        super().__init__()
         self._lock = threading.Lock()
         self._conn: _Conn | ClusterStore | None = None
-        self._closed = False
 
     # lifecycle -------------------------------------------------------------
-    @hookimpl
-    def kvtier_options(self) -> dict[str, Option]:
-        return dict(OPTIONS)
-
-    @hookimpl
-    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
+    def _open(self, options: Mapping[str, Any], namespace: str) -> None:
         settings = Settings.parse(options)
         with self._lock:
-            if self._closed:
-                raise ClosedError("redis backend is closed")
-            if self._conn is not None:
-                raise KvtierError("redis backend is already open")
             self._conn = self._connect(settings, namespace)
 
-    @hookimpl
-    def kvtier_capabilities(self) -> Capabilities:
+    def _capabilities(self) -> Capabilities:
         with self._lock:
-            if self._closed:
-                raise ClosedError("redis backend is closed")
             conn = self._conn
         # unopened (`kvtier backends`): the defaults, without I/O
         settings = Settings.parse({}) if conn is None else conn.settings
@@ -152,8 +137,7 @@ class RedisBackend:
             extra=extra,
         )
 
-    @hookimpl
-    def kvtier_stats(self) -> dict[str, int]:
+    def _stats(self) -> dict[str, int]:
         conn = self._live()
         if not isinstance(conn, _Conn):
             stats = conn.stats()  # summed over the shards
@@ -171,11 +155,9 @@ class RedisBackend:
             stats["capacity_bytes"] = conn.settings.capacity
         return stats
 
-    @hookimpl
-    def kvtier_close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             conn, self._conn = self._conn, None
-            self._closed = True
         if isinstance(conn, _Conn):
             # every write was acknowledged by the server before its hook
             # returned, so closing loses nothing
@@ -185,11 +167,9 @@ class RedisBackend:
             conn.close()
 
     # data path -------------------------------------------------------------
-    @hookimpl
-    def kvtier_put(
+    def _put(
         self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
     ) -> list[bool]:
-        _check_batch(keys, blocks)
         conn = self._live()
         if not isinstance(conn, _Conn):
             return conn.put(keys, blocks, evicted)
@@ -228,11 +208,8 @@ class RedisBackend:
         self._run(conn, commands, report)
         return stored
 
-    @hookimpl
-    def kvtier_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+    def _get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         conn = self._live()
-        if not keys:
-            return []
         if not isinstance(conn, _Conn):
             return conn.get(keys)
         commands: list[tuple[Any, ...]] = [("MGET", *(conn.data_key(k) for k in keys))]
@@ -243,8 +220,7 @@ class RedisBackend:
         found: list[bytes | None] = self._run(conn, commands)[0]
         return found
 
-    @hookimpl
-    def kvtier_lookup(self, keys: Sequence[bytes]) -> list[bool]:
+    def _lookup(self, keys: Sequence[bytes]) -> list[bool]:
         conn = self._live()
         if not isinstance(conn, _Conn):
             return conn.lookup(keys)
@@ -252,8 +228,7 @@ class RedisBackend:
         answers = self._run(conn, [("EXISTS", conn.data_key(k)) for k in keys])
         return [bool(answer) for answer in answers]
 
-    @hookimpl
-    def kvtier_evict(self, keys: Sequence[bytes]) -> list[bool]:
+    def _evict(self, keys: Sequence[bytes]) -> list[bool]:
         conn = self._live()
         if not isinstance(conn, _Conn):
             return conn.evict(keys)
@@ -263,8 +238,7 @@ class RedisBackend:
         ]
         return [bool(flag) for flags in self._run(conn, commands) for flag in flags]
 
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         conn = self._live()
         if not isinstance(conn, _Conn):
             return conn.tamper(key, transform)
@@ -277,8 +251,7 @@ class RedisBackend:
         return bool(done)
 
     # operators -------------------------------------------------------------
-    @hookimpl
-    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
+    def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         """Blocks under ``<prefix>:<namespace>:b:``, by ``SCAN`` and one ``STRLEN`` pipeline a page.
 
         ``SCAN`` never blocks the server for long, and lists a key present
@@ -295,9 +268,9 @@ class RedisBackend:
                 [ScanEntry(*entry) for entry in batch]
                 for batch in conn.scan(namespace, self._live)
             )
-        return self._scan(conn, namespace)
+        return self._scan_conn(conn, namespace)
 
-    def _scan(self, conn: _Conn, namespace: str | None) -> Iterator[list[ScanEntry]]:
+    def _scan_conn(self, conn: _Conn, namespace: str | None) -> Iterator[list[ScanEntry]]:
         head = f"{conn.settings.prefix}:".encode()
         pattern = _glob_escape(head) + (b"?" * 32 if namespace is None else namespace.encode())
         pattern += b":b:*"
@@ -370,8 +343,8 @@ class RedisBackend:
 
     def _live(self) -> _Conn | ClusterStore:
         conn = self._conn
-        if conn is None:
-            raise ClosedError(f"redis backend is {'closed' if self._closed else 'not open'}")
+        if conn is None:  # a close may have raced the call
+            raise self.closed_error()
         return conn
 
     @staticmethod
