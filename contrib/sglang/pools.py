@@ -11,6 +11,7 @@ asks for.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,12 @@ class PoolPages:
     def __init__(self, name: str, pool: Any) -> None:
         self.name, self.pool = name, pool
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
-        self.page_bytes = _nbytes(pool.get_dummy_flat_data_page())
+
+    @functools.cached_property
+    def page_bytes(self) -> int:
+        """Bytes of one flat page; asked at first use, since SGLang registers every pool
+        at attach and some (split-head, MXFP8) have no flat pages: using those faults."""
+        return _nbytes(self.pool.get_dummy_flat_data_page())
 
     def offsets(self, host_indices: Any, pages: int) -> list[int]:
         """The index of each page's first slot in the pool (one per key)."""

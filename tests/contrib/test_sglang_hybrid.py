@@ -86,6 +86,20 @@ def test_v2_stores_a_hybrid_models_extra_pools_and_hits_only_whole_pages(
     assert reader.faults == 1
     reader.close()
 
+    # a pool without flat pages (SGLang registers every pool at attach) only faults when used
+    class NoFlatPages:
+        page_size = 1
+
+        def get_dummy_flat_data_page(self) -> Any:
+            raise NotImplementedError("split-head pages have no flat form")
+
+    odd = attach_hybrid(mamba)
+    odd.register_mem_host_pool_v2(NoFlatPages(), PoolName.INDEXER)
+    assert odd.batch_set_v2([PoolTransfer(PoolName.INDEXER, host_indices=torch.tensor([0]),
+                                          keys=keys[:1])]) == {PoolName.INDEXER: [False]}
+    assert odd.faults == 1
+    odd.close()
+
     # a state pool of another shape never answers for the stored states
     other = attach_hybrid(mamba_pool(state=8))
     assert other.batch_get_v2([state(2, keys[3])]) == {PoolName.MAMBA: [False]}
