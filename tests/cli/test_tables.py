@@ -53,9 +53,9 @@ def piped(*args: str, columns: str | None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns is not None:
         env["COLUMNS"] = columns
+    # capture_output: stdout and stderr are pipes, and stdin no terminal either
     return subprocess.run([sys.executable, "-m", "kvtier.cli", *args], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          timeout=300, check=False)
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
 
 
 def test_backends_rows_whole_through_clirunner() -> None:
