@@ -1,0 +1,217 @@
+"""What a load costs, learned from each tier's own reads, and whether a hit is worth it.
+
+:class:`LoadCost` fits, per tier, the time of a read batch as a latency part
+plus a bandwidth part (``seconds = latency + bytes / bandwidth``) from the
+tier's recent reads, by least squares over exponentially decaying sums: a
+sample's weight halves every ``half_life`` seconds, so the fit follows a
+link that saturates or a disk shared with a scrub within seconds.  The
+weights are also capped (:data:`_CAP` samples' worth), so that however fast
+reads come, a new read moves the fit by at least ``1/_CAP``.  The spread of
+the residuals is kept too, and a tier is judged by a high quantile of its
+predicted time (:data:`QUANTILE`), so an erratic tail counts.
+
+A tier with no recent reads (their weight decayed below half a sample) is
+*unmeasured*, and an unmeasured tier is trusted: its hits are loaded, and
+that load measures it.  This is also how a tier that was slow and declined
+is tried again once its measurements are old.
+
+:class:`LoadDecision` answers an engine's "how much of this prefix do you
+hold" with the longest prefix whose predicted load time, summed over the
+tiers holding its blocks, stays below ``load_margin`` times the predicted
+time to recompute its tokens; and counts, per tier, the blocks declined.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from statistics import NormalDist
+from typing import Any
+
+from kvtier.config.load import LoadConfig
+
+__all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
+
+#: The quantile of a tier's predicted load time that decisions use.
+QUANTILE = 0.9
+_Z = NormalDist().inv_cdf(QUANTILE)
+#: The most a tier's fit weighs, in samples: a new sample moves it by at least 1/_CAP.
+_CAP = 8.0
+#: Below this weight (in samples) a tier counts as unmeasured.
+_MEASURED = 0.5
+#: Batch sizes spread less than this (relative standard deviation) cannot
+#: separate latency from bandwidth: the fit is then proportional to bytes.
+_SPREAD = 0.05
+
+
+class LoadCost:
+    """The online fit of one tier's read time.  Thread-safe."""
+
+    def __init__(self, half_life: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.half_life = half_life
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at = 0.0
+        # decayed sums: weight, bytes, seconds, bytes^2, bytes*seconds, seconds^2, bytes/block
+        self._w = self._x = self._y = self._xx = self._xy = self._yy = self._b = 0.0
+
+    def _decay(self, now: float) -> float:
+        """Age the sums to ``now``; returns the weight left."""
+        if self._w:
+            factor = 0.5 ** (max(0.0, now - self._at) / self.half_life)
+            self._scale(factor)
+            if self._w < _MEASURED:  # stale: forget it, the tier is unmeasured again
+                self._scale(0.0)
+        self._at = now
+        return self._w
+
+    def _scale(self, f: float) -> None:
+        self._w *= f
+        self._x *= f
+        self._y *= f
+        self._xx *= f
+        self._xy *= f
+        self._yy *= f
+        self._b *= f
+
+    def observe(self, blocks: int, nbytes: int, seconds: float) -> None:
+        """Record a read of ``blocks`` blocks, ``nbytes`` payload bytes, that took ``seconds``."""
+        if blocks <= 0:
+            return
+        x, y = float(nbytes), max(0.0, seconds)
+        with self._lock:
+            self._decay(self._clock())
+            self._w += 1.0
+            self._x += x
+            self._y += y
+            self._xx += x * x
+            self._xy += x * y
+            self._yy += y * y
+            self._b += x / blocks
+            if self._w > _CAP:
+                self._scale(_CAP / self._w)
+
+    def fit(self) -> tuple[float, float, float, float] | None:
+        """``(latency s, seconds per byte, relative spread, bytes per block)``, or None
+        where the tier is unmeasured."""
+        with self._lock:
+            w = self._decay(self._clock())
+            if not w:
+                return None
+            mx, my = self._x / w, self._y / w
+            var_x = max(0.0, self._xx / w - mx * mx)
+            if var_x > (_SPREAD * mx) ** 2:
+                slope = (self._xy / w - mx * my) / var_x
+                intercept = my - slope * mx
+                if slope < 0:
+                    slope, intercept = 0.0, my
+                elif intercept < 0:
+                    slope, intercept = self._xy / self._xx, 0.0
+            else:
+                slope, intercept = (my / mx, 0.0) if mx else (0.0, my)
+            a, b = intercept, slope
+            sse = (self._yy - 2 * a * self._y - 2 * b * self._xy + a * a * w
+                   + 2 * a * b * self._x + b * b * self._xx)
+            spread = math.sqrt(max(0.0, sse) / w) / my if my > 0 else 0.0
+            return a, b, spread, self._b / w
+
+    def predict(self, blocks: int, block_bytes: int | None = None) -> float:
+        """Seconds to read ``blocks`` blocks (of ``block_bytes``, default the tier's usual
+        size), at :data:`QUANTILE`; 0.0 for an unmeasured tier (trusted)."""
+        fit = self.fit()
+        if fit is None or blocks <= 0:
+            return 0.0
+        return _seconds(fit, blocks, block_bytes)
+
+    def summary(self) -> dict[str, Any]:
+        """The fit as ``stats()`` shows it; ``block_s`` is a usual block's load time."""
+        fit = self.fit()
+        if fit is None:
+            return {"measured": False, "block_s": 0.0}
+        a, b, spread, per_block = fit
+        return {
+            "measured": True,
+            "block_s": _seconds(fit, 1, None),
+            "latency_s": a,
+            "bandwidth_Bps": 1.0 / b if b > 0 else math.inf,
+            "spread": spread,
+            "block_bytes": int(per_block),
+        }
+
+
+def _seconds(fit: tuple[float, float, float, float], blocks: int, block_bytes: int | None) -> float:
+    a, b, spread, per_block = fit
+    size = per_block if block_bytes is None else block_bytes
+    return (a + b * size * blocks) * (1.0 + _Z * spread)
+
+
+class LoadDecision:
+    """Per tier of a chain: its :class:`LoadCost`, and the loads declined as not worth it."""
+
+    def __init__(self, config: LoadConfig, tiers: int, tokens_per_block: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.tokens_per_block = tokens_per_block
+        self.costs = [LoadCost(config.half_life, clock) for _ in range(tiers)]
+        self._lock = threading.Lock()
+        self._declined = [0] * tiers
+        self._declined_tokens = [0] * tiers
+
+    def observe(self, tier: int, found: Sequence[bool], sizes: Sequence[int],
+                seconds: float) -> None:
+        """A read of tier ``tier``: ``found`` and ``sizes`` per block asked, its time."""
+        hits = sum(found)
+        if hits:
+            self.costs[tier].observe(hits, sum(s for s, f in zip(sizes, found) if f), seconds)
+
+    def worth(self, where: Sequence[int | None], tokens_per_block: int | None = None,
+              block_bytes: int | None = None) -> int:
+        """How many leading blocks to load, given each block's tier (``None``: held nowhere).
+
+        The longest held prefix whose predicted load time is at most the margin
+        times its recompute time; every held block is loaded where the policy does
+        not weigh loads.  The held blocks beyond the answer are counted as declined.
+        """
+        held = len(where)
+        for i, tier in enumerate(where):
+            if tier is None:
+                held = i
+                break
+        recompute = self.config.recompute
+        if not held or not self.config.weighs or recompute is None:
+            return held
+        per_block = tokens_per_block or self.tokens_per_block
+        if not per_block:  # tokens unknown: nothing to weigh a load against
+            return held
+        margin = self.config.margin
+        fits = [cost.fit() for cost in self.costs]
+        counts = [0] * len(self.costs)
+        spent = [0.0] * len(self.costs)
+        total, best = 0.0, 0
+        for k in range(held):
+            tier = where[k]
+            assert tier is not None
+            counts[tier] += 1
+            fit = fits[tier]
+            if fit is not None:  # an unmeasured tier costs nothing: trusted
+                cost = _seconds(fit, counts[tier], block_bytes)
+                total += cost - spent[tier]
+                spent[tier] = cost
+            if total <= margin * recompute.seconds((k + 1) * per_block):
+                best = k + 1
+        if best < held:
+            with self._lock:
+                for tier in where[best:held]:
+                    assert tier is not None
+                    self._declined[tier] += 1
+                    self._declined_tokens[tier] += per_block
+        return best
+
+    def tier_stats(self, tier: int) -> dict[str, Any]:
+        """``load_cost`` (the fit), ``declined`` blocks and ``declined_tokens`` of a tier."""
+        with self._lock:
+            declined, tokens = self._declined[tier], self._declined_tokens[tier]
+        return {"load_cost": self.costs[tier].summary(), "declined": declined,
+                "declined_tokens": tokens}
