@@ -30,6 +30,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
 from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
+from kvtier.config.load import LOAD_KEYS, LoadConfig, parse_load
 from kvtier.plugins.options import (
     CheckedOptions,
     FromText,
@@ -44,7 +45,7 @@ from kvtier.spec import ConfigError, Option, PluginError
 __all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config",
            "validate_config"]
 
-_TOP_KEYS = ("chain", "metrics", "version")
+_TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS)
 _METRICS_KEYS = ("prometheus_port", "log_interval")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
@@ -113,6 +114,7 @@ class ChainConfig:
     tiers: tuple[TierConfig, ...]
     metrics: MetricsConfig
     source: str
+    load: LoadConfig = field(default_factory=LoadConfig)
 
 
 def load_config(
@@ -417,7 +419,10 @@ class _Validator:
         metrics = MetricsConfig()
         with self.collect():
             metrics = self.metrics(top.get("metrics"))
-        return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label)
+        load = LoadConfig()
+        with self.collect():
+            load = parse_load(top, self.scalar, self.fail)
+        return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label, load)
 
     def metrics(self, value: Any) -> MetricsConfig:
         if value is None:
