@@ -53,7 +53,7 @@ from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from ._batch import joined, nbytes, own, parts_nbytes, scatter
 
-__all__ = ["EVICTION_POLICIES", "HostBackend"]
+__all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
 
 EVICTION_POLICIES = ("lru", "arc")
 
@@ -285,6 +285,18 @@ class _Arc(_Accounting):
 
 _Policy: TypeAlias = "_Lru | _Arc"
 _POLICIES: Mapping[str, Callable[[int], _Policy]] = {"lru": _Lru, "arc": _Arc}
+
+
+def new_policy(eviction: str, capacity: int) -> _Policy:
+    """The accounting object of one ``eviction`` policy, without a backend around it.
+
+    ``kvtier plan`` replays traces through it on a null data path (one-byte
+    payloads, capacity in blocks), so its curves come from the tier's own code.
+    It offers ``holds(keys)``, ``access(key)`` (a use; the payload or None),
+    ``admit(key, data, evicted)`` for a key not held, ``remove(key)``, and
+    ``evictions``; callers serialise their calls.
+    """
+    return _POLICIES[eviction](capacity)
 
 
 _malloc_tuned = False
