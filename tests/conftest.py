@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-# server fixtures and helpers (tests/support/seaweed.py, ...), imported without a package
-sys.path.insert(0, str(Path(__file__).parent / "support"))
-
 from redis_cluster import RedisClusterServer
 from seaweed import SeaweedServer
 from seaweed_cluster import SeaweedCluster

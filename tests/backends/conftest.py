@@ -11,10 +11,11 @@ import fsspec
 import pytest
 from fs_blocks import NS, Opener, options
 from host_blocks import POLICIES, MiB, open_host
+from seaweed import SeaweedServer
 
 from kvtier.plugins.registry import BackendHandle, default_registry
 
-# --- the host backend's modules (test_host_*.py) -------------------------------------
+# --- the host backend's tests (host/) ---------------------------------------------
 
 
 @pytest.fixture(params=POLICIES)
@@ -25,7 +26,7 @@ def host(request: pytest.FixtureRequest) -> Iterator[BackendHandle]:
     handle.close()
 
 
-# --- the fs backend's modules (test_fs_*.py) -----------------------------------------
+# --- the fs backend's tests (fs/) -------------------------------------------------
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -61,3 +62,16 @@ def opener() -> Iterator[Opener]:
     yield open_
     for handle in handles:
         handle.close()
+
+
+# --- the kit on SeaweedFS (fs/ and object/test_conformance.py) ---------------------
+
+
+@pytest.fixture(scope="module")
+def kit_bucket(s3_server: SeaweedServer) -> str:
+    """One bucket for every kit test of a module (each test has its own namespace).
+
+    SeaweedFS gives every bucket volumes of its own: a bucket per kit test, a
+    few hundred of them, would fill a small disk.
+    """
+    return s3_server.make_bucket(f"kvt-kit-{uuid.uuid4().hex[:12]}")

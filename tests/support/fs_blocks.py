@@ -1,6 +1,6 @@
 """Options, blocks and on-disk paths for the ``fs`` backend's test modules.
 
-``tests/backends/test_fs_{data_path,capacity,persistence,faults}.py`` drive the
+``tests/backends/fs/test_{data_path,capacity,persistence,faults}.py`` drive the
 ``fs`` backend through the registry, on a local directory and on ``memory://``;
 their fixtures (``url``, ``local_url``, ``opener``) are in ``tests/backends/conftest.py``.
 """

@@ -1,6 +1,6 @@
 """The ``host`` backend (RAM tier) opened through the registry, and the blocks its tests store.
 
-``tests/backends/test_host_*.py`` drive the backend through the registry and
+``tests/backends/host/test_*.py`` drive the backend through the registry and
 :class:`BackendHandle`; the ``host`` fixture (one open backend per eviction
 policy) is in ``tests/backends/conftest.py``.
 """

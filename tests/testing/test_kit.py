@@ -1,10 +1,11 @@
 """The conformance kit, run on backends that must pass it and on broken ones it must fail.
 
 The ``Test*`` classes below are the kit itself running in this suite: every
-group against the reference dict backend, ``host``, ``fs`` and a two-tier
-chain.  The broken backends of ``kit_broken_backends`` are certified in
-subprocesses through ``kvtier conformance``, whose JSON report must name the
-groups that catch each bug.
+group against the reference dict backend and a two-tier chain (each built-in
+backend's run sits among its own tests, ``tests/backends/<name>/test_conformance.py``
+and ``tests/peer/test_peer_conformance.py``).  The broken backends of
+``kit_broken_backends`` are certified in subprocesses through ``kvtier
+conformance``, whose JSON report must name the groups that catch each bug.
 """
 
 from __future__ import annotations
@@ -37,38 +38,6 @@ class TestReferenceBackend(BackendTests):
 
 class TestReferenceInMemory(BackendTests):
     backend = "kit_broken_backends:DictBackend"
-
-
-class TestHostLru(BackendTests):
-    backend = "host"
-
-    @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {"capacity": "12MiB"}
-
-
-class TestHostArc(BackendTests):
-    backend = "host"
-
-    @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {"capacity": "2MiB", "eviction": "arc", "max_block_size": "1MiB"}
-
-
-class TestFsFile(BackendTests):
-    backend = "fs"
-
-    @pytest.fixture
-    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
-        return {"url": f"file://{tmp_path}/fs", "capacity": "12MiB"}
-
-
-class TestFsMemory(BackendTests):
-    backend = "fs"
-
-    @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {"url": f"memory://kit-{uuid.uuid4().hex}", "io_threads": 1}
 
 
 class TestChainWriteBack(BackendTests):

@@ -1,0 +1,25 @@
+"""The conformance kit on ``host``, once per eviction policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvtier.testing import BackendTests
+
+
+class TestHostLru(BackendTests):
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "12MiB"}
+
+
+class TestHostArc(BackendTests):
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "2MiB", "eviction": "arc", "max_block_size": "1MiB"}

@@ -1,0 +1,56 @@
+"""The conformance kit on ``object`` against the session's SeaweedFS (``s3_server``).
+
+The tests of the module share one bucket (``kit_bucket`` in
+``tests/backends/conftest.py``); each has a namespace and a prefix of its own.
+The kit on a replicated SeaweedFS cluster is in ``test_on_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from seaweed import SeaweedServer
+
+from kvtier.testing import BackendTests
+
+#: Hypothesis budget of the stateful group here: every step is a network round
+#: trip to a server sharing two cores with the test, so fewer examples than the
+#: kit's default of 50 keep the run short while still mixing every operation.
+REMOTE_STATEFUL_EXAMPLES = 15
+
+
+def object_options(server: SeaweedServer, bucket: str, **over: Any) -> dict[str, Any]:
+    return {
+        "bucket": bucket,
+        "endpoint": server.endpoint,
+        "region": server.region,
+        "access_key_id": server.access_key,
+        "secret_access_key": server.secret_key,
+        "allow_http": True,
+        # a prefix per test as well: a leftover of one test can never answer in another
+        "prefix": f"kit/{uuid.uuid4().hex[:8]}",
+        **over,
+    }
+
+
+class TestObjectOnSeaweed(BackendTests):
+    backend = "object"
+    stateful_max_examples = REMOTE_STATEFUL_EXAMPLES
+
+    @pytest.fixture
+    def backend_options(self, s3_server: SeaweedServer, kit_bucket: str) -> dict[str, Any]:
+        return object_options(s3_server, kit_bucket)
+
+
+class TestObjectWithCapacity(BackendTests):
+    """With ``capacity`` the backend keeps an index and deletes the oldest blocks."""
+
+    backend = "object"
+    stateful_max_examples = REMOTE_STATEFUL_EXAMPLES
+
+    @pytest.fixture
+    def backend_options(self, s3_server: SeaweedServer, kit_bucket: str) -> dict[str, Any]:
+        # small: the capacity group puts three times the capacity, block by block
+        return object_options(s3_server, kit_bucket, capacity="1MiB")
