@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from time import perf_counter
 from typing import Any, Literal
 
 from kvtier.block import framing
 from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
+from kvtier.chain.cost import LoadDecision
 from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.jobs import JobResult, Jobs
 from kvtier.chain.tier import Tier
@@ -138,6 +140,7 @@ class Chain:
                 tier.close()
             raise
         self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
+        self._load = LoadDecision(config.load, len(self.tiers), namespace.tokens_per_block)
         self._jobs = Jobs(job_workers)
         self._listeners = Listeners()  # see add_listener
         self._closed = False
@@ -307,7 +310,11 @@ class Chain:
         outs = _writable(out, len(keys))
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            start = perf_counter()  # every read teaches the tier's cost model
             flags = tier.get_into([keys[i] for i in offered], [outs[i] for i in offered])
+            self._load.observe(
+                index, flags, [outs[i].nbytes for i in offered], perf_counter() - start
+            )
             hits = [i for i, flag in zip(offered, flags) if flag]
             self._promote(index, [keys[i] for i in hits], payloads=[outs[i] for i in hits])
             return flags
@@ -331,7 +338,12 @@ class Chain:
         found: list[bytes | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
+            start = perf_counter()
             payloads = tier.get_payloads([keys[i] for i in offered])
+            self._load.observe(
+                index, [p is not None for p in payloads], [len(p or b"") for p in payloads],
+                perf_counter() - start,
+            )
             hits = [(i, p) for i, p in zip(offered, payloads) if p is not None]
             for i, payload in hits:
                 found[i] = payload
@@ -417,13 +429,27 @@ class Chain:
             where[i] = index
         return where
 
-    def prefix_hits(self, keys: Sequence[bytes]) -> int:
-        """How many leading keys some tier holds (a prompt prefix's reusable blocks)."""
-        where = self.lookup(keys)
-        for count, tier_index in enumerate(where):
-            if tier_index is None:
-                return count
-        return len(where)
+    def prefix_hits(self, keys: Sequence[bytes], tokens_per_block: int | None = None) -> int:
+        """How many leading keys are worth loading: held by some tier and, by the
+        chain's ``load_policy``, faster to load than to recompute (:meth:`worth_loading`)."""
+        return self.worth_loading(self.lookup(keys), tokens_per_block)
+
+    def worth_loading(
+        self,
+        where: Sequence[int | None],
+        tokens_per_block: int | None = None,
+        block_bytes: int | None = None,
+    ) -> int:
+        """Of a prefix whose blocks :meth:`lookup` found in tiers ``where``, how many
+        leading blocks to load (:mod:`kvtier.chain.cost`).
+
+        With ``load_policy: cost`` and a ``recompute`` model: the longest held
+        prefix whose predicted load time, over the tiers holding it, is at most
+        ``load_margin`` times the time to recompute its tokens
+        (``tokens_per_block`` each, default the namespace's); the held blocks
+        left out are counted as declined.  Otherwise every leading held block.
+        """
+        return self._load.worth(where, tokens_per_block, block_bytes)
 
     def evict(self, keys: Sequence[bytes]) -> int:
         """Remove keys from every tier; returns how many were held somewhere.
@@ -528,7 +554,11 @@ class Chain:
         """Per-tier counters, latency, health and backend figures."""
         return {
             "namespace": self.namespace.hex,
-            "tiers": [tier.snapshot() for tier in self.tiers],
+            "load_policy": self.config.load.describe(),
+            "tiers": [
+                {**tier.snapshot(), **self._load.tier_stats(i)}
+                for i, tier in enumerate(self.tiers)
+            ],
             "pending_writes": self._traffic.pending.count,
         }
 

@@ -10,8 +10,8 @@ reads come, a new read moves the fit by at least ``1/_CAP``.  The spread of
 the residuals is kept too, and a tier is judged by a high quantile of its
 predicted time (:data:`QUANTILE`), so an erratic tail counts.
 
-A tier with no recent reads (their weight decayed below half a sample) is
-*unmeasured*, and an unmeasured tier is trusted: its hits are loaded, and
+A tier with no recent reads (their weight decayed below :data:`_MEASURED`)
+is *unmeasured*, and an unmeasured tier is trusted: its hits are loaded, and
 that load measures it.  This is also how a tier that was slow and declined
 is tried again once its measurements are old.
 
@@ -34,13 +34,17 @@ from kvtier.config.load import LoadConfig
 
 __all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
 
+#: The clock of every fit (a test of a whole chain may set another).
+_clock: Callable[[], float] = time.monotonic
+
 #: The quantile of a tier's predicted load time that decisions use.
 QUANTILE = 0.9
 _Z = NormalDist().inv_cdf(QUANTILE)
 #: The most a tier's fit weighs, in samples: a new sample moves it by at least 1/_CAP.
 _CAP = 8.0
-#: Below this weight (in samples) a tier counts as unmeasured.
-_MEASURED = 0.5
+#: Below this weight (in samples) a tier counts as unmeasured: 3 half-lives
+#: after its one read, 6 after reads that filled the cap.
+_MEASURED = 1 / 8
 #: Batch sizes spread less than this (relative standard deviation) cannot
 #: separate latency from bandwidth: the fit is then proportional to bytes.
 _SPREAD = 0.05
@@ -49,9 +53,9 @@ _SPREAD = 0.05
 class LoadCost:
     """The online fit of one tier's read time.  Thread-safe."""
 
-    def __init__(self, half_life: float = 2.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, half_life: float = 2.0, clock: Callable[[], float] | None = None):
         self.half_life = half_life
-        self._clock = clock
+        self._clock = clock or (lambda: _clock())
         self._lock = threading.Lock()
         self._at = 0.0
         # decayed sums: weight, bytes, seconds, bytes^2, bytes*seconds, seconds^2, bytes/block
@@ -151,7 +155,7 @@ class LoadDecision:
     """Per tier of a chain: its :class:`LoadCost`, and the loads declined as not worth it."""
 
     def __init__(self, config: LoadConfig, tiers: int, tokens_per_block: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.config = config
         self.tokens_per_block = tokens_per_block
         self.costs = [LoadCost(config.half_life, clock) for _ in range(tiers)]

@@ -79,9 +79,9 @@ def test_a_tier_not_read_for_a_while_is_unmeasured_again() -> None:
     cost = LoadCost(half_life=1.0, clock=clock)
     for _ in range(20):
         cost.observe(1, 4096, 100 * MS)
-    clock.now += 3.9  # _CAP * 2**-3.9 > 0.5 samples: still measured
+    clock.now += 5.9  # _CAP * 2**-5.9 > 1/8 of a sample: still measured
     assert cost.predict(1) > 0
-    clock.now += 0.2  # below half a sample: forgotten, and trusted
+    clock.now += 0.2  # below 1/8 of a sample: forgotten, and trusted
     assert cost.fit() is None and cost.predict(1) == 0.0
 
 
@@ -141,5 +141,7 @@ def test_an_unmeasured_tier_is_trusted_and_a_stale_one_tried_again() -> None:
     assert decision.worth([1, 1, 1]) == 3
     decision.observe(1, [True], [4096], 1.0)
     assert decision.worth([1, 1, 1]) == 0
-    clock.now += 1.1  # one sample, one half-life: below half a sample
+    clock.now += 2.9
+    assert decision.worth([1, 1, 1]) == 0
+    clock.now += 0.2  # one sample, three half-lives: below 1/8 of a sample
     assert decision.worth([1, 1, 1]) == 3

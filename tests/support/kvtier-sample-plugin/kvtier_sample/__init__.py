@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from kvtier.spec import Capabilities, ClosedError, Option, hookimpl
 
 
@@ -55,6 +57,36 @@ class SampleBackend:
     def _check(self):
         if self.closed:
             raise ClosedError("sample backend is closed")
+
+
+class SlowBackend(SampleBackend):
+    """A sample backend whose gets take ``delay_per_mib`` seconds per MiB they return.
+
+    A tier made slow on purpose, for the chain's load decision; the delay may be
+    changed while open (``instance.delay_per_mib``), as a tier that degrades.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay_per_mib = 0.0
+
+    @hookimpl
+    def kvtier_options(self):
+        return {
+            "prefix": Option("str", "unused", ""),
+            "delay_per_mib": Option("float", "seconds a get takes per MiB it returns", 0.0),
+        }
+
+    @hookimpl
+    def kvtier_open(self, options, namespace):
+        self.delay_per_mib = options["delay_per_mib"]
+        self.namespace = namespace
+
+    @hookimpl
+    def kvtier_get(self, keys):
+        found = SampleBackend.kvtier_get(self, keys)
+        time.sleep(self.delay_per_mib * sum(len(b) for b in found if b is not None) / 2**20)
+        return found
 
 
 class BadParamBackend(SampleBackend):
