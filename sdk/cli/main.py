@@ -130,12 +130,14 @@ def _attach_commands() -> None:
     from kvtier.contrib.sglang import sglang_args_command
     from kvtier.contrib.vllm import vllm_args_command
     from kvtier.peer.server import serve_command
+    from kvtier.plan.cli import plan_command
 
     cli.add_command(bench_command)
     cli.add_command(conformance_command)
     for operator_command in (inspect_command, scrub_command, purge_command):
         cli.add_command(operator_command)
     cli.add_command(serve_command)
+    cli.add_command(plan_command)
     cli.add_command(sglang_args_command)
     cli.add_command(vllm_args_command)
     cli.add_command(lmcache_args_command)

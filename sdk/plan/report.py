@@ -1,0 +1,131 @@
+"""A plan: curves of every policy at every capacity, the bounds, and a chain to paste."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from .curves import Point, belady_hits, infinite_point, lru_curve, replay
+from .trace import Trace
+
+__all__ = ["Plan", "default_capacities", "make_plan", "recommend"]
+
+#: The fs tier below RAM is sized to keep this share of the ceiling's prefix hits.
+DISK_SHARE = 0.95
+#: Without a RAM budget, RAM is sized to keep this share of them.
+RAM_SHARE = 0.5
+
+
+@dataclass
+class Plan:
+    """Everything ``kvtier plan`` reports; capacities are in blocks of the replayed trace."""
+
+    trace: dict[str, Any]
+    block_bytes: int
+    capacities: list[int]
+    ceiling: Point
+    curves: dict[str, list[Point]]
+    belady: list[int] = field(default_factory=list)  # block hits at each capacity
+    ram_blocks: int | None = None  # the operator's RAM budget, in blocks of the trace
+
+    def scale(self, capacity: int) -> int:
+        """Blocks of the full traffic a capacity of the (sampled) trace stands for."""
+        return round(capacity / (self.trace["sample"] or 1.0))
+
+    def to_json(self) -> dict[str, Any]:
+        refs = self.ceiling.references
+        rows = {
+            name: [{**asdict(p), "capacity_full": self.scale(p.capacity),
+                    "prefix_ratio": p.prefix_ratio} for p in points]
+            for name, points in self.curves.items()
+        }
+        return {
+            "trace": self.trace,
+            "block_bytes": self.block_bytes,
+            "capacities": self.capacities,
+            "ceiling": {**asdict(self.ceiling), "prefix_ratio": self.ceiling.prefix_ratio},
+            "curves": rows,
+            "belady": [{"capacity": c, "block_hits": h, "block_ratio": h / refs if refs else 0.0}
+                       for c, h in zip(self.capacities, self.belady, strict=False)],
+            "recommended": recommend(self),
+        }
+
+
+def default_capacities(unique: int, points: int = 8) -> list[int]:
+    """``points`` capacities from 1% to 100% of the unique blocks, evenly on a log scale."""
+    if unique <= 0:
+        return [1]
+    low = max(1, unique // 100)
+    caps = {round(low * (unique / low) ** (i / max(1, points - 1))) for i in range(points)}
+    return sorted(max(1, c) for c in caps)
+
+
+def make_plan(
+    trace: Trace,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    block_bytes: int,
+    belady: bool = True,
+    ram_blocks: int | None = None,
+) -> Plan:
+    caps = sorted({*capacities, *([ram_blocks] if ram_blocks else [])})
+    curves: dict[str, list[Point]] = {}
+    for name in policies:
+        curves[name] = lru_curve(trace, caps) if name == "lru" else [
+            replay(trace, name, cap) for cap in caps
+        ]
+    info = {"source": trace.source, "requests": len(trace.requests),
+            "references": trace.references, "unique_blocks": trace.unique_blocks,
+            "block_tokens": trace.block_tokens, "sample": trace.sample}
+    ceiling = infinite_point(trace)
+    hits = [belady_hits(trace, cap) for cap in caps] if belady else []
+    return Plan(info, block_bytes, caps, ceiling, curves, hits, ram_blocks)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if nbytes >= scale:
+            return f"{-(-nbytes // scale)}{unit}"  # rounded up: never below the plan
+    return str(nbytes)
+
+
+def recommend(plan: Plan) -> str:
+    """A chain as YAML: RAM with the best policy, then an LRU fs tier near the ceiling.
+
+    RAM is ``plan.ram_blocks`` (the operator's budget) or else the smallest capacity
+    whose best policy keeps half the ceiling's prefix hits; the fs tier is the
+    smallest capacity whose LRU keeps 95% of them (the fs tier evicts LRU).
+    The chain's two tiers together are treated as one cache of the larger size.
+    """
+    ceiling = plan.ceiling.prefix_hits
+    caps, ram_blocks = plan.capacities, plan.ram_blocks
+
+    def best_at(i: int) -> tuple[str, Point]:
+        return max(((n, pts[i]) for n, pts in plan.curves.items()),
+                   key=lambda item: item[1].prefix_hits)
+
+    ram_i = len(caps) - 1
+    for i in range(len(caps)):
+        if (ram_blocks is not None and caps[i] >= ram_blocks) or (
+            ram_blocks is None and best_at(i)[1].prefix_hits >= RAM_SHARE * ceiling
+        ):
+            ram_i = i
+            break
+    policy, ram = best_at(ram_i)
+    tiers: list[dict[str, Any]] = [{
+        "name": "ram", "backend": "host", "eviction": policy,
+        "capacity": _size(plan.scale(ram.capacity) * plan.block_bytes),
+    }]
+    note = f"# ram: {ram.prefix_ratio:.1%} of blocks served from RAM ({policy})"
+    lru = plan.curves.get("lru")
+    disk = next((p for p in lru or [] if p.prefix_hits >= DISK_SHARE * ceiling), None)
+    if disk is not None and disk.capacity > ram.capacity:
+        tiers.append({"name": "disk", "backend": "fs", "url": "file:///var/cache/kvtier",
+                      "capacity": _size(plan.scale(disk.capacity) * plan.block_bytes),
+                      "write": "back"})
+        note += f"; with disk: {disk.prefix_ratio:.1%}"
+    note += f"; ceiling {plan.ceiling.prefix_ratio:.1%}\n"
+    return note + yaml.safe_dump({"chain": tiers}, sort_keys=False)

@@ -1,0 +1,93 @@
+"""kvtier plan reads Mooncake and recorded traces and reports through the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from kvtier.cli import cli
+from kvtier.plan import generate, lru_curve, read_trace, write_mooncake
+
+
+def test_mooncake_lines_carry_the_prompt_tokens_of_each_block(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 1100, "output_length": 3, "hash_ids": [7, 8, 9]}\n'
+        "\n"
+        '{"timestamp": 5, "input_length": 600, "output_length": 1, "hash_ids": [7, 8]}\n'
+    )
+    trace = read_trace(path)
+    assert [r.keys for r in trace.requests] == [(7, 8, 9), (7, 8)]
+    assert [r.tokens for r in trace.requests] == [(512, 512, 76), (512, 88)]
+    point = lru_curve(trace, [10])[0]
+    assert (point.prefix_hits, point.prefix_tokens, point.references) == (2, 600, 5)
+
+
+def test_a_bad_line_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"hash_ids": [1]}\n{"hash_ids": 3}\n')
+    result = CliRunner().invoke(cli, ["plan", str(path)])
+    assert result.exit_code == 1 and f"{path}:2: a Mooncake line needs a hash_ids list" in (
+        result.output
+    )
+
+
+def test_a_recording_uses_its_lookups_as_requests(tmp_path: Path) -> None:
+    path = tmp_path / "rec.jsonl"
+    rows = [
+        {"kvtier_trace": 1, "sample": 0.5, "block_tokens": 32},
+        {"t": 0.0, "op": "lookup", "keys": [1, 2]},
+        {"t": 0.1, "op": "put", "keys": [1, 2]},
+        {"t": 0.2, "op": "lookup", "keys": [1, 2, 3]},
+        {"t": 0.3, "op": "get", "keys": [1, 2]},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    trace = read_trace(path)
+    assert trace.sample == 0.5 and trace.block_tokens == 32
+    assert [r.keys for r in trace.requests] == [(1, 2), (1, 2, 3)]
+    assert trace.requests[1].tokens == (32, 32, 32)
+
+
+def test_plan_json_reports_curves_bounds_and_a_chain_that_loads(tmp_path: Path) -> None:
+    trace_path = tmp_path / "sessions.jsonl"
+    write_mooncake(generate("sessions", 300, seed=2), trace_path)
+    result = CliRunner().invoke(cli, [
+        "plan", str(trace_path), "--json", "--capacity", "50", "--capacity", "400",
+        "--bytes-per-token", "1024",
+    ])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    trace = read_trace(trace_path)
+    assert plan["trace"]["references"] == trace.references
+    assert plan["capacities"] == [50, 400]
+    lru = lru_curve(trace, [50, 400])
+    assert [row["prefix_hits"] for row in plan["curves"]["lru"]] == [p.prefix_hits for p in lru]
+    assert set(plan["curves"]) >= {"lru", "arc"}
+    ceiling = plan["ceiling"]["prefix_hits"]
+    for name, rows in plan["curves"].items():
+        assert all(row["prefix_hits"] <= ceiling for row in rows), name
+    assert [b["capacity"] for b in plan["belady"]] == [50, 400]
+    chain = yaml.safe_load(plan["recommended"])["chain"]
+    assert chain[0]["backend"] == "host" and chain[0]["eviction"] in plan["curves"]
+    from kvtier.config.loader import load_config
+
+    assert load_config({"chain": chain}).tiers[0].name == "ram"
+
+
+def test_plan_table_and_chart_note(tmp_path: Path) -> None:
+    chart = tmp_path / "curves.png"
+    result = CliRunner().invoke(cli, [
+        "plan", "--generate", "scan:200:1", "--policy", "lru", "--ram", "1GiB",
+        "--chart", str(chart),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "infinite" in result.output and "recommended chain:" in result.output
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in result.output and not chart.exists()
+    else:
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
