@@ -33,6 +33,7 @@ from kvtier.block.framing import CODEC_ZSTD, decode_into, parse_header
 from kvtier.block.framing import check_payload as _check_payload
 from kvtier.block.namespace import Namespace
 from kvtier.chain.catalog import CATALOG_HEX, open_catalog, read_descriptors
+from kvtier.chain.cost import LoadCost
 from kvtier.chain.tier import Tier
 from kvtier.config.loader import ChainConfig, TierConfig
 from kvtier.plugins.options import CheckedOptions
@@ -202,11 +203,14 @@ class NamespaceSummary:
     newest: float | None = None
     sampled: int = 0
     codecs: Counter[str] = field(default_factory=Counter)
+    #: Expected time to load a usual block, fitted from the sample's reads (0: none read).
+    block_load_s: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "description": self.description,
                 "blocks": self.blocks, "bytes": self.bytes, "oldest": self.oldest,
-                "newest": self.newest, "sampled": self.sampled, "codecs": dict(self.codecs)}
+                "newest": self.newest, "sampled": self.sampled, "codecs": dict(self.codecs),
+                "block_load_s": self.block_load_s}
 
 
 _CODEC_NAMES = {0: "none", 1: "zstd", -1: "corrupt"}
@@ -240,8 +244,13 @@ def inspect_store(store: OperatorStore, sample: int) -> tuple[list[NamespaceSumm
         if entry.namespace in summaries and taken[entry.namespace] < sample:
             taken[entry.namespace] += 1
             picked.append(entry)
+    costs: dict[str, LoadCost] = {}  # the chain's cost model, fed with the sample's reads
     for batch in _read_batches(picked):
+        start = time.perf_counter()
         blobs = store.tier(batch[0].namespace).handle.get([e.key for e in batch])
+        read = [len(b) for b in blobs if b is not None]
+        costs.setdefault(batch[0].namespace, LoadCost(3600.0)).observe(
+            len(read), sum(read), time.perf_counter() - start)
         summary = summaries[batch[0].namespace]
         for entry, blob in zip(batch, blobs):
             if blob is None:
@@ -249,6 +258,8 @@ def inspect_store(store: OperatorStore, sample: int) -> tuple[list[NamespaceSumm
             codec, _ = check_block(blob, entry)
             summary.sampled += 1
             summary.codecs[_CODEC_NAMES.get(codec, str(codec))] += 1
+    for ns, cost in costs.items():
+        summaries[ns].block_load_s = cost.predict(1)
     ordered = sorted(summaries.values(), key=lambda s: (-s.bytes, s.namespace))
     return ordered, catalog
 

@@ -115,6 +115,9 @@ def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sam
                     return
                 row["namespaces"] = [s.as_json() for s in summaries]
                 row["descriptors"] = descriptors
+                read = [(s.sampled, s.block_load_s) for s in summaries if s.sampled]
+                row["block_load_s"] = (sum(n * t for n, t in read) / sum(n for n, _ in read)
+                                       if read else None)
             report.append(row)
     _emit(as_json, {"config": config_file, "tiers": report}, lambda c: _inspect_tables(c, report))
 
@@ -150,6 +153,9 @@ def _inspect_tables(console: Console, report: list[dict[str, Any]]) -> None:
         console.print(f"{len(row['namespaces'])} namespace(s), {blocks} block(s), "
                       f"{format_size(size)}; {row['descriptors']} namespace descriptor(s); "
                       "times in UTC")
+        if row["block_load_s"] is not None:
+            console.print(f"expected load of a usual block: {row['block_load_s'] * 1e3:.3g} ms "
+                          "(0.9 quantile, from the blocks read here)")
 
 
 # -------------------------------------------------------------------------

@@ -44,6 +44,8 @@ COUNTERS = (
     ("demoted", "demoted_blocks", "blocks written on eviction from the tier above"),
     ("promoted", "promoted_blocks", "blocks copied up from a tier below"),
     ("dropped", "dropped_writes", "asynchronous writes abandoned while unhealthy"),
+    ("declined", "declined_blocks", "held blocks not loaded: recomputing them was faster"),
+    ("declined_tokens", "declined_tokens", "tokens of the blocks declined as not worth loading"),
 )
 
 _exporters: dict[int, _Exporter] = {}
@@ -78,6 +80,11 @@ class _Exporter:
             "kvtier_tier_healthy", "1 if the tier is in service", labels=labels
         )
         used = GaugeMetricFamily("kvtier_tier_used_bytes", "bytes held by the tier", labels=labels)
+        block_load = GaugeMetricFamily(
+            "kvtier_tier_block_load_seconds",
+            "expected time to load a usual block of the tier (0.9 quantile; 0 until measured)",
+            labels=labels,
+        )
         latency = GaugeMetricFamily(
             "kvtier_tier_latency_seconds",
             "batch latency quantiles",
@@ -90,6 +97,7 @@ class _Exporter:
                 for key, family in families.items():
                     family.add_metric(values, tier[key])
                 healthy.add_metric(values, 1.0 if tier["healthy"] else 0.0)
+                block_load.add_metric(values, tier["load_cost"]["block_s"])
                 used_bytes = tier["backend_stats"].get("used_bytes")
                 if isinstance(used_bytes, (int, float)):
                     used.add_metric(values, used_bytes)
@@ -97,7 +105,7 @@ class _Exporter:
                     for q in ("p50", "p99"):
                         latency.add_metric([*values, op, q], summary[f"{q}_s"])
         yield from families.values()
-        yield from (healthy, used, latency)
+        yield from (healthy, used, latency, block_load)
 
 
 def summary_line(stats: dict[str, Any]) -> str:

@@ -8,6 +8,8 @@ than ``recompute`` says the engine would prefill it.
 
 from __future__ import annotations
 
+import socket
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,3 +155,24 @@ def test_the_decision_flips_when_the_tier_slows_and_back_when_it_recovers(
     back = answers.index(4)
     assert answers[:back] == [0] * back and answers[back:] == [4] * (20 - back)
     assert back == 5, answers
+
+
+def test_prometheus_exports_each_tiers_block_load_time_and_what_it_declined(
+    open_slow: Any
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    chain = open_slow({**_config(), "metrics": {"prometheus_port": port}})
+    keys = [b"key-%d" % i for i in range(8)]
+    _split(chain, keys, in_ram=3)
+    _load(chain, keys)
+    assert chain.prefix_hits(keys) == 3
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    labels = f'backend="sample-slow",namespace="{NS.hex}",tier="slow"'
+    assert f"kvtier_tier_declined_blocks_total{{{labels}}} 5.0" in text
+    assert f"kvtier_tier_declined_tokens_total{{{labels}}} 80.0" in text
+    line = next(x for x in text.splitlines()
+                if x.startswith(f"kvtier_tier_block_load_seconds{{{labels}}}"))
+    block_s = chain.stats()["tiers"][1]["load_cost"]["block_s"]
+    assert float(line.split()[-1]) == pytest.approx(block_s, rel=1e-6) and block_s > 0.05
