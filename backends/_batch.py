@@ -1,14 +1,15 @@
-"""What the built-in backends do alike with a hook's batch: byte counts, gather
-and scatter lists, first occurrences of a key, failures caught in workers.
+"""What the built-in backends do alike with a block: byte counts, gather and
+scatter lists, copies.
 
-Private to ``kvtier.backends``; a backend of another distribution keeps its
-own copies rather than import these.
+Private to ``kvtier.backends``.  What every backend needs for a batch (its
+length check, first occurrences of a key, failures caught in workers, a
+batch spread over threads) is public in :mod:`kvtier.spec.batch`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -16,10 +17,8 @@ from kvtier.block.framing import Frame
 from kvtier.spec import BytesLike
 
 __all__ = [
-    "Failed",
     "byte_views",
     "copy_bytes",
-    "first_positions",
     "joined",
     "nbytes",
     "own",
@@ -27,18 +26,8 @@ __all__ = [
     "scatter",
 ]
 
-E = TypeVar("E", bound=BaseException)
 #: Below this, copying with the GIL held costs less than entering numpy.
 _SMALL_COPY = 64 << 10
-
-
-class Failed(Generic[E]):
-    """An exception caught in a worker thread, re-raised by the calling thread."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: E) -> None:
-        self.exc = exc
 
 
 def nbytes(block: BytesLike) -> int:
@@ -100,11 +89,3 @@ def copy_bytes(src: memoryview, dst: memoryview) -> None:
         dst[:] = src
     else:
         np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
-
-
-def first_positions(keys: Sequence[bytes]) -> dict[bytes, int]:
-    """Each distinct key of a batch and where it first occurs, in batch order."""
-    first: dict[bytes, int] = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
-    return first

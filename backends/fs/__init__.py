@@ -18,9 +18,9 @@ on disk, so several processes can share one directory.  The index is rebuilt
 at open from the file a local tier leaves at close
 (:mod:`kvtier.backends.fs.index`), or by walking the tree.
 
-The rest of the package: :mod:`.open` picks the store a URL gets,
-:mod:`.scan` lists the blocks for ``kvtier_scan``, and :mod:`.threads`
-spreads a batch over the I/O threads.
+The rest of the package: :mod:`.open` picks the store a URL gets, and
+:mod:`.scan` lists the blocks for ``kvtier_scan``.  A batch is spread over
+the I/O threads by :func:`kvtier.spec.run_batch`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
@@ -36,13 +36,13 @@ from kvtier.spec import (
     BackendError,
     BytesLike,
     Capabilities,
-    ClosedError,
     ConfigError,
     KvtierError,
     Option,
     ScanEntry,
-    hookimpl,
+    run_batch,
 )
+from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from .._batch import joined, nbytes
 from .capacity import Ledger, Victim
@@ -52,7 +52,6 @@ from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
 from .open import check_url, open_store, redact
 from .scan import scan_store
-from .threads import run_batch
 
 log = logging.getLogger("kvtier.backends.fs")
 
@@ -123,13 +122,20 @@ OPTIONS: Mapping[str, Option] = {
 
 
 
-class FsBackend:
-    """Blocks as files under a local directory or any fsspec URL."""
+class FsBackend(PutParts, GetInto, Tamper, Scan):
+    """Blocks as files under a local directory or any fsspec URL.
+
+    The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
+    the data path checks the state again under ``_lock``, with the index.
+    """
+
+    name = "fs"
+    OPTIONS = OPTIONS
 
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.
+        super().__init__()
         self._lock = threading.Lock()  # never held during I/O
-        self._state = "new"  # -> "open" -> "closed"
         self._store: Store = Store("")
         self._url = ""
         self._fsync = False
@@ -143,16 +149,7 @@ class FsBackend:
         self._leaves_rescanned = -1
 
     # lifecycle ------------------------------------------------------------
-    @hookimpl
-    def kvtier_options(self) -> Mapping[str, Option]:
-        return OPTIONS  # introspection: answers before open and after close
-
-    @hookimpl
-    def kvtier_open(self, options: Mapping[str, Any], namespace: str) -> None:
-        with self._lock:
-            self._check_not_closed()
-            if self._state == "open":
-                raise RuntimeError("fs backend is already open")
+    def _open(self, options: Mapping[str, Any], namespace: str) -> None:
         # options arrive checked against OPTIONS, defaults filled (BackendHandle.open)
         url: str = options["url"]
         self._url = redact(url)
@@ -196,13 +193,10 @@ class FsBackend:
             self._ledger.adopt(index)
             self._stale_tmp_removed += stale
             self._leaves_rescanned = rescanned
-            self._state = "open"
 
-    @hookimpl
-    def kvtier_capabilities(self) -> Capabilities:
+    def _capabilities(self) -> Capabilities:
         with self._lock:
-            if self._state != "open":
-                self._check_not_closed()
+            if not self.is_open:
                 # never opened: describe a local directory, the usual case
                 return Capabilities(persistent=True, shared=True, thread_safe=True,
                                     reports_evictions=True, extra={"eviction": "lru"})
@@ -215,10 +209,9 @@ class FsBackend:
             extra={"eviction": "lru", "local": self._store.local, "io_threads": self._threads},
         )
 
-    @hookimpl
-    def kvtier_stats(self) -> Mapping[str, int | float]:
+    def _stats(self) -> Mapping[str, int | float]:
         with self._lock:
-            self._check_open()
+            self.ensure_open()
             ledger = self._ledger
             stats: dict[str, int | float] = {
                 "used_bytes": ledger.used,
@@ -233,12 +226,8 @@ class FsBackend:
                 stats["capacity_bytes"] = ledger.capacity
         return stats
 
-    @hookimpl
-    def kvtier_close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
-            if self._state == "closed":
-                return
-            self._state = "closed"
             pool, self._pool = self._pool, None
             index = self._ledger.index
             keys, sizes = list(index), list(index.values())
@@ -266,52 +255,35 @@ class FsBackend:
             log.warning("fs tier %s: index not saved (%s); the next open scans the tree",
                         self._url, exc)
 
-    def _check_not_closed(self) -> None:
-        if self._state == "closed":
-            raise ClosedError("fs backend is closed")
-
-    def _check_open(self) -> None:
-        if self._state != "open":
-            state = "closed" if self._state == "closed" else "not open"
-            raise ClosedError(f"fs backend is {state}")
-
     def _is_open(self) -> bool:
-        return self._state == "open"
+        return self.is_open
 
     # data path ------------------------------------------------------------
-    @hookimpl
-    def kvtier_put(
-        self,
-        keys: Sequence[bytes],
-        blocks: Sequence[BytesLike],
-        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    def _put(
+        self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
     ) -> Sequence[bool]:
         sizes = [b.nbytes if isinstance(b, memoryview) else len(b) for b in blocks]
-        return self._put(keys, [(b,) for b in blocks], sizes, evicted)
+        return self._write_blocks(keys, [(b,) for b in blocks], sizes, evicted)
 
-    @hookimpl
-    def kvtier_put_parts(
-        self,
-        keys: Sequence[bytes],
-        parts: Sequence[Sequence[BytesLike]],
-        evicted: MutableSequence[tuple[bytes, BytesLike]],
+    def _put_parts(
+        self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
     ) -> Sequence[bool]:
         sizes = [sum(map(nbytes, ps)) for ps in parts]
-        return self._put(keys, parts, sizes, evicted)
+        return self._write_blocks(keys, parts, sizes, evicted)
 
-    def _put(
+    def _write_blocks(
         self,
         keys: Sequence[bytes],
         parts: Sequence[Sequence[BytesLike]],
         sizes: list[int],
-        evicted: MutableSequence[tuple[bytes, BytesLike]],
+        evicted: Evicted,
     ) -> list[bool]:
         if len(keys) == 1 and self._put_one(keys[0], parts[0], sizes[0]):
             return [True]
         ledger = self._ledger
         with self._lock:
-            if self._state != "open":
-                self._check_open()
+            if not self.is_open:
+                raise self.closed_error()
             results, plan, victims, first = ledger.plan(keys, sizes, self._is_open)
         if not plan and not victims:
             # all stored already (or refused): nothing to write, no second lock
@@ -361,8 +333,8 @@ class FsBackend:
         """
         ledger = self._ledger
         with self._lock:
-            if self._state != "open":
-                self._check_open()
+            if not self.is_open:
+                raise self.closed_error()
             if key in ledger.index:
                 ledger.index.move_to_end(key)
                 return True
@@ -387,7 +359,7 @@ class FsBackend:
         self,
         victims: list[Victim],
         parts: Sequence[Sequence[BytesLike]],
-        evicted: MutableSequence[tuple[bytes, BytesLike]],
+        evicted: Evicted,
     ) -> None:
         stored = [key for key, i in victims if i is None]
         total = 0
@@ -407,8 +379,7 @@ class FsBackend:
                 self._ledger.undoom(stored)
                 self._ledger.evicted_bytes += total
 
-    @hookimpl
-    def kvtier_get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
+    def _get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         if len(keys) == 1:  # the common case, without the batch machinery
             known, seen = self._touch(keys)
             try:
@@ -427,8 +398,7 @@ class FsBackend:
         by_key = dict(zip(unique, found, strict=True))
         return [by_key[key] for key in keys]
 
-    @hookimpl
-    def kvtier_get_into(
+    def _get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> Sequence[int | None]:
         if len(keys) == 1:  # the common case, without the batch machinery
@@ -447,11 +417,10 @@ class FsBackend:
         self._reconcile(keys, known, sizes, seen)
         return sizes
 
-    @hookimpl
-    def kvtier_lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
+    def _lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
         with self._lock:
-            if self._state != "open":
-                self._check_open()
+            if not self.is_open:
+                raise self.closed_error()
             index = self._ledger.index
             known = [key in index for key in keys]
             seen = self._ledger.deletions
@@ -464,12 +433,11 @@ class FsBackend:
         found = {key for key, size in zip(unknown, sizes, strict=True) if size is not None}
         return [hit or key in found for key, hit in zip(keys, known, strict=True)]
 
-    @hookimpl
-    def kvtier_evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
+    def _evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
         unique = list(dict.fromkeys(keys))
         with self._lock:
-            if self._state != "open":
-                self._check_open()
+            if not self.is_open:
+                raise self.closed_error()
             self._ledger.doom(unique)
         try:
             # unlink even keys this process never saw: another may have written them
@@ -485,14 +453,9 @@ class FsBackend:
         return out
 
     # operators ------------------------------------------------------------
-    @hookimpl
-    def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
-        with self._lock:
-            self._check_open()
-
+    def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         def check() -> None:
-            with self._lock:
-                self._check_open()
+            self.ensure_open()
 
         return self._faults_as_backend_errors(scan_store(self._store, namespace, check))
 
@@ -505,10 +468,7 @@ class FsBackend:
             self._raise(exc, "scan")
 
     # testing --------------------------------------------------------------
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
-        with self._lock:
-            self._check_open()
+    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         try:
             data = self._store.read(key)
             # raw rewrite in place, index untouched: like bit rot or a torn write
@@ -521,8 +481,8 @@ class FsBackend:
         """Mark indexed keys as just used; answer which were indexed, and the
         deletions so far (for :meth:`_reconcile`)."""
         with self._lock:
-            if self._state != "open":
-                self._check_open()
+            if not self.is_open:
+                raise self.closed_error()
             return self._ledger.touch(keys), self._ledger.deletions
 
     def _reconcile(

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from .._batch import first_positions
+from kvtier.spec import first_positions
 
 __all__ = ["Ledger", "Victim"]
 

@@ -49,8 +49,9 @@ from . import _scripts
 ShardFailure = Failed[BaseException]
 
 if TYPE_CHECKING:
+    from kvtier.spec.base import Evicted
+
     from ._settings import Settings
-    from .backend import Evicted
 
 __all__ = ["DEFAULT_SHARDS", "ClusterStore"]
 
