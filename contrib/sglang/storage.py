@@ -271,19 +271,26 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
-        """How many leading pages of ``keys`` are stored in full (the reusable prefix)."""
+        """How many leading pages of ``keys`` are stored in full and worth loading
+        (the reusable prefix; the chain's ``load_policy`` weighs the load against
+        recomputing the pages' tokens)."""
         if not keys:
             return 0
         try:
-            where = self._open_chain().lookup(self._page_keys(keys))
+            chain = self._open_chain()
+            where = chain.lookup(self._page_keys(keys))
+            per_page = len(where) // len(keys)
+            held = len(keys)
+            for page in range(len(keys)):
+                if None in where[page * per_page : (page + 1) * per_page]:
+                    held = page
+                    break
+            # a page's blocks (one per host-pool region) share its tokens
+            tokens = max(1, chain.namespace.tokens_per_block // per_page)
+            return chain.worth_loading(where[: held * per_page], tokens) // per_page
         except Exception as exc:
             self._fault("batch_exists", exc)
             return 0
-        per_page = len(where) // len(keys)
-        for page in range(len(keys)):
-            if None in where[page * per_page : (page + 1) * per_page]:
-                return page
-        return len(keys)
 
     # v1: straight into and out of the host pool ------------------------------------
     def _regions_of(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[memoryview]:
