@@ -35,6 +35,7 @@ from kvtier.chain import catalog
 from kvtier.chain.cost import LoadDecision
 from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.jobs import JobResult, Jobs
+from kvtier.chain.record import Recorder
 from kvtier.chain.tier import Tier
 from kvtier.chain.traffic import DEFAULT_BACKLOG_BYTES, Traffic
 from kvtier.config.loader import ChainConfig, load_config
@@ -126,6 +127,7 @@ class Chain:
         self.config = config
         self.namespace = namespace
         self._ns = namespace.fingerprint
+        self._record = Recorder(config.record, namespace.tokens_per_block)  # record: in the YAML
         self.tiers: list[Tier] = []
         try:
             for tier_config in config.tiers:
@@ -138,6 +140,7 @@ class Chain:
         except BaseException:
             for tier in self.tiers:
                 tier.close()
+            self._record.close()
             raise
         self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
         self._load = LoadDecision(config.load, len(self.tiers), namespace.tokens_per_block)
@@ -241,6 +244,7 @@ class Chain:
         self._check_open()
         keys = _check_keys(keys)
         payloads = _byte_views(blocks, len(keys))
+        self._record("put", keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys = [keys[i] for i in offered]
@@ -308,6 +312,7 @@ class Chain:
         self._check_open()
         keys = _check_keys(keys)
         outs = _writable(out, len(keys))
+        self._record("get", keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             start = perf_counter()  # every read teaches the tier's cost model
@@ -335,6 +340,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
+        self._record("get", keys)
         found: list[bytes | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
@@ -416,6 +422,7 @@ class Chain:
         """Per key, the index of the first tier holding it, or None."""
         self._check_open()
         keys = _check_keys(keys)
+        self._record("lookup", keys)
         where: list[int | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
@@ -579,6 +586,7 @@ class Chain:
             log.exception("kvtier: saving write-back blocks at close failed")
         self.flush()
         self._closed = True
+        self._record.close()
         self._traffic.shutdown()
         for tier in self.tiers:
             try:

@@ -31,6 +31,7 @@ from yaml.reader import ReaderError
 
 from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
 from kvtier.config.load import LOAD_KEYS, LoadConfig, parse_load
+from kvtier.config.record import RECORD_KEYS, RecordConfig, parse_record
 from kvtier.plugins.options import (
     CheckedOptions,
     FromText,
@@ -45,7 +46,7 @@ from kvtier.spec import ConfigError, Option, PluginError
 __all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config",
            "validate_config"]
 
-_TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS)
+_TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS, *RECORD_KEYS)
 _METRICS_KEYS = ("prometheus_port", "log_interval")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
@@ -115,6 +116,7 @@ class ChainConfig:
     metrics: MetricsConfig
     source: str
     load: LoadConfig = field(default_factory=LoadConfig)
+    record: RecordConfig | None = None
 
 
 def load_config(
@@ -422,7 +424,11 @@ class _Validator:
         load = LoadConfig()
         with self.collect():
             load = parse_load(top, self.scalar, self.fail)
-        return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label, load)
+        record = None
+        with self.collect():
+            record = parse_record(top, self.scalar, self.fail)
+        return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label, load,
+                           record)
 
     def metrics(self, value: Any) -> MetricsConfig:
         if value is None:

@@ -104,6 +104,8 @@ def _recorded(
     block_tokens = int(head.get("block_tokens") or 0) or BLOCK_TOKENS
     by_op: dict[str, list[Request]] = {"lookup": [], "get": [], "put": []}
     for number, row in rows:
+        if "kvtier_trace" in row:
+            continue  # the header of a later run appending to the file
         keys = row.get("keys")
         if row.get("op") not in by_op or not isinstance(keys, list):
             raise ValueError(f"{path}:{number}: a recorded line needs an op and a keys list")

@@ -32,7 +32,8 @@ def expected(path: str) -> list[str]:
         f"{path}:11: chain[1].write: expected one of 'through', 'back', got 'around' "
         "(tier 'nvme')",
         f"{path}:12: metric: unknown key 'metric'; did you mean 'metrics'? "
-        "Accepted: chain, metrics, version, load_policy, recompute, load_margin, cost_half_life",
+        "Accepted: chain, metrics, version, load_policy, recompute, load_margin, cost_half_life, "
+        "record",
     ]
 
 
