@@ -1,4 +1,4 @@
-"""``make demo``: a RAM -> disk chain on synthetic KV blocks, with per-tier hits.
+"""``python -m kvtier.demo``: a RAM -> disk chain on synthetic KV blocks, with per-tier hits.
 
 Run as ``python -m kvtier.demo [--dir DIR] [--blocks N] [--block-size SIZE]``.
 Writes a prompt's worth of blocks through a small RAM tier that demotes to a

@@ -182,6 +182,17 @@ def _redacted(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: "***" if k in secret else v for k, v in options.items()}
 
 
+@dataclass
+class _Target:
+    """A backend loaded for certification: what to run the kit on, and with what."""
+
+    name: str
+    options: dict[str, Any]
+    info: BackendInfo
+    tuning: dict[str, Any]
+    through_chain: bool
+
+
 def run_conformance(
     name: str,
     options: Mapping[str, Any],
@@ -202,6 +213,29 @@ def run_conformance(
     such as ``crash_rounds`` or ``lookup_exact``.
     """
     out = console or output.console()
+    target = _load(out, name, options, groups, settings)
+    if isinstance(target, int):
+        return target
+    locations = FreshLocations(target.options)
+    _print_header(out, name, target.info, _redacted(name, target.options),
+                  locations.describe())
+    if target.through_chain:
+        out.print(f"[bold]note:[/] {escape(name)} stores only blocks framed by a chain "
+                  "(framed_only=True); certifying it through a chain of one tier, which "
+                  "frames every block the kit puts and checks it on the way back, and "
+                  "checking the declaration itself in group framed", highlight=False)
+    status, collector = _run(target, locations, groups, extra_pytest_args)
+    return _report(out, target, locations, collector.results(groups), status, report)
+
+
+def _load(
+    out: Console,
+    name: str,
+    options: Mapping[str, Any],
+    groups: Sequence[str] | None,
+    settings: Mapping[str, Any] | None,
+) -> _Target | int:
+    """The backend, its parsed options and the kit's settings; or exit status 2, said why."""
     parsed = {
         k: parse_option(f"{k}={v}")[1] if isinstance(v, str) else v for k, v in options.items()
     }
@@ -231,27 +265,32 @@ def run_conformance(
         out.print(f"[bold red]error:[/] the conformance kit needs {' and '.join(missing)}: "
                   "pip install 'kvtier[test]'", highlight=False)
         return 2
-    locations = FreshLocations(parsed)
-    _print_header(out, name, info, _redacted(name, parsed), locations.describe())
-    target, target_options = name, parsed
-    if through_chain:
-        # the kit puts raw bytes, which such a backend refuses by design
-        target, target_options = CHAIN_OF_ONE, {"tier_backend": name, "tier_options": parsed}
-        out.print(f"[bold]note:[/] {escape(name)} stores only blocks framed by a chain "
-                  "(framed_only=True); certifying it through a chain of one tier, which "
-                  "frames every block the kit puts and checks it on the way back, and "
-                  "checking the declaration itself in group framed", highlight=False)
+    return _Target(name, parsed, info, tuning, through_chain)
 
+
+def _run(
+    target: _Target,
+    locations: FreshLocations,
+    groups: Sequence[str] | None,
+    extra_pytest_args: Sequence[str],
+) -> tuple[int, _Collector]:
+    """pytest on a throw-away module subclassing the kit: its status, and each test's outcome."""
     import pytest  # only here: the rest of the CLI works without the test extras
 
+    backend, options = target.name, target.options
+    if target.through_chain:
+        # the kit puts raw bytes, which such a backend refuses by design
+        backend, options = CHAIN_OF_ONE, {"tier_backend": target.name,
+                                          "tier_options": target.options}
     collector = _Collector()
     with tempfile.TemporaryDirectory(prefix="kvtier-conformance-") as tmp:
         module = Path(tmp) / "test_kvtier_conformance.py"
-        lines = "".join(f"    {k} = {v!r}\n" for k, v in tuning.items())
-        text = _MODULE.format(backend=target, options=target_options, settings=lines,
+        lines = "".join(f"    {k} = {v!r}\n" for k, v in target.tuning.items())
+        text = _MODULE.format(backend=backend, options=options, settings=lines,
                               token=locations.token)
-        if through_chain:
-            text += _FRAMED.format(backend=name, options=parsed, token=locations.token)
+        if target.through_chain:
+            text += _FRAMED.format(backend=target.name, options=target.options,
+                                   token=locations.token)
         module.write_text(text)
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\n")  # the author's own pytest settings do not apply
@@ -274,8 +313,19 @@ def run_conformance(
                 os.environ.pop(_HYPOTHESIS_DIR, None)
             else:
                 os.environ[_HYPOTHESIS_DIR] = cache
+    return status, collector
 
-    results = collector.results(groups)
+
+def _report(
+    out: Console,
+    target: _Target,
+    locations: FreshLocations,
+    results: dict[str, GroupResult],
+    status: int,
+    report: str | None,
+) -> int:
+    """Print the table, write ``report`` if asked; the exit status."""
+    name = target.name
     failed = sum(r.failed for r in results.values())
     passed = sum(r.passed for r in results.values())
     skipped = sum(r.skipped for r in results.values())
@@ -285,14 +335,14 @@ def run_conformance(
     if report is not None:
         document = {
             "backend": name,
-            "entry_point": info.value,
-            "distribution": info.distribution,
-            "version": info.version,
+            "entry_point": target.info.value,
+            "distribution": target.info.distribution,
+            "version": target.info.version,
             "contract_version": CONTRACT_VERSION,
             "kvtier_version": __version__,
-            "options": _redacted(name, parsed),
-            "through_chain": through_chain,
-            "settings": tuning,
+            "options": _redacted(name, target.options),
+            "through_chain": target.through_chain,
+            "settings": target.tuning,
             "fresh_per_test": locations.describe(),
             "verdict": "pass" if ok else "fail",
             "exit_code": code,
