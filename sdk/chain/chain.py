@@ -450,11 +450,11 @@ class Chain:
         """Of a prefix whose blocks :meth:`lookup` found in tiers ``where``, how many
         leading blocks to load (:mod:`kvtier.chain.cost`).
 
-        With ``load_policy: cost`` and a ``recompute`` model: the longest held
-        prefix whose predicted load time, over the tiers holding it, is at most
-        ``load_margin`` times the time to recompute its tokens
-        (``tokens_per_block`` each, default the namespace's); the held blocks
-        left out are counted as declined.  Otherwise every leading held block.
+        With ``load_policy: cost`` and a ``recompute`` model: the held prefix
+        that saves the most, ``load_margin`` times the time to recompute its
+        tokens (``tokens_per_block`` each, default the namespace's) less its
+        predicted load time over the tiers holding it; the held blocks left
+        out are counted as declined.  Otherwise every leading held block.
         """
         return self._load.worth(where, tokens_per_block, block_bytes)
 

@@ -16,9 +16,9 @@ that load measures it.  This is also how a tier that was slow and declined
 is tried again once its measurements are old.
 
 :class:`LoadDecision` answers an engine's "how much of this prefix do you
-hold" with the longest prefix whose predicted load time, summed over the
-tiers holding its blocks, stays below ``load_margin`` times the predicted
-time to recompute its tokens; and counts, per tier, the blocks declined.
+hold" with the prefix that saves the most time: ``load_margin`` times the
+predicted time to recompute its tokens, less its predicted load time summed
+over the tiers holding its blocks; and counts, per tier, the blocks declined.
 """
 
 from __future__ import annotations
@@ -174,9 +174,13 @@ class LoadDecision:
               block_bytes: int | None = None) -> int:
         """How many leading blocks to load, given each block's tier (``None``: held nowhere).
 
-        The longest held prefix whose predicted load time is at most the margin
-        times its recompute time; every held block is loaded where the policy does
-        not weigh loads.  The held blocks beyond the answer are counted as declined.
+        The held prefix that saves the most: the margin times its recompute time,
+        less its predicted load time, at least 0; the longest of equals.  A prefix
+        loads faster than it recomputes; and where a fast tier holds the start
+        and a slow one the rest, the slow rest, which would cost more to load
+        than to recompute, is left out even where the fast start's savings
+        would pay for it.  Every held block is loaded where the policy does not
+        weigh loads.  The held blocks beyond the answer are counted as declined.
         """
         held = len(where)
         for i, tier in enumerate(where):
@@ -193,7 +197,7 @@ class LoadDecision:
         fits = [cost.fit() for cost in self.costs]
         counts = [0] * len(self.costs)
         spent = [0.0] * len(self.costs)
-        total, best = 0.0, 0
+        total, best, most = 0.0, 0, 0.0
         for k in range(held):
             tier = where[k]
             assert tier is not None
@@ -203,8 +207,9 @@ class LoadDecision:
                 cost = _seconds(fit, counts[tier], block_bytes)
                 total += cost - spent[tier]
                 spent[tier] = cost
-            if total <= margin * recompute.seconds((k + 1) * per_block):
-                best = k + 1
+            saved = margin * recompute.seconds((k + 1) * per_block) - total
+            if saved >= most:
+                best, most = k + 1, saved
         if best < held:
             with self._lock:
                 for tier in where[best:held]:

@@ -145,3 +145,13 @@ def test_an_unmeasured_tier_is_trusted_and_a_stale_one_tried_again() -> None:
     assert decision.worth([1, 1, 1]) == 0
     clock.now += 0.2  # one sample, three half-lives: below 1/8 of a sample
     assert decision.worth([1, 1, 1]) == 3
+
+
+def test_a_slow_rest_is_declined_even_where_the_fast_start_would_pay_for_it() -> None:
+    clock = Clock()
+    decision = _decision(clock)
+    decision.observe(0, [True], [4096], 0.1 * MS)
+    decision.observe(1, [True], [4096], 20 * MS)  # above the 12.8 ms a block saves
+    # loading all six (60.3 ms) is still below recomputing them (76.8 ms with the
+    # margin), but recomputing the last three is faster than loading them
+    assert decision.worth([0, 0, 0, 1, 1, 1]) == 3
