@@ -288,6 +288,9 @@ class KvtierL2Adapter(L2AdapterInterface):
         where = list(res.result) if res is not None and res.error is None else []
         if len(where) != len(kv):
             where = [None] * len(kv)
+        worth = self.chain.worth_loading(where)  # the chain's load_policy
+        if worth < len(where) and where[worth] is not None:  # the rest is faster to recompute
+            where[worth:] = [None] * (len(where) - worth)
         locked = [False] * len(kv)
         to_copy: list[tuple[int, int]] = []  # (index, size)
         unsized: list[int] = []
