@@ -4,7 +4,7 @@ A hybrid model (Mamba, sliding-window attention) keeps per-page state in host
 pools of their own, which SGLang registers with ``register_mem_host_pool_v2``
 and moves with ``batch_set_v2`` / ``batch_get_v2`` after the KV pages.  Each
 pool's page is one block (its flat data page), keyed by
-:func:`~kvtier.contrib.sglang.naming.pool_key`.  ``batch_exists_v2`` answers
+:func:`~kvtier.contrib.sglang.keys.pool_key`.  ``batch_exists_v2`` answers
 the usable prefix: a page counts only with every part a pool's hit policy
 asks for.
 """

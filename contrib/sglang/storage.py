@@ -46,7 +46,7 @@ from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError, PluginError
 
 from .args import storage_chain
-from .naming import MAX_REGIONS, PAGE, namespace_for, pool_key, storage_key
+from .keys import MAX_REGIONS, PAGE, namespace_for, pool_key, storage_key
 from .pools import PoolPages, usable_prefix
 
 __all__ = ["KvtierStorage"]

@@ -17,7 +17,7 @@ import torch
 from sglang_host import mamba_pool, mha_pool
 from sglang_pages import attach, host_fs, indices, page_hashes, save_v1
 
-from kvtier.contrib.sglang.naming import storage_key
+from kvtier.contrib.sglang.keys import storage_key
 from kvtier.contrib.sglang.storage import KvtierStorage
 
 

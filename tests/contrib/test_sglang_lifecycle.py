@@ -37,7 +37,7 @@ from sglang_pages import (
 
 import kvtier
 from kvtier.contrib.sglang import extra_config
-from kvtier.contrib.sglang.naming import storage_key
+from kvtier.contrib.sglang.keys import storage_key
 from kvtier.contrib.sglang.storage import KvtierStorage
 
 

@@ -32,7 +32,7 @@ from sglang_host import import_host_pools, mha_pool, mla_pool
 import kvtier
 from kvtier.cli.main import cli
 from kvtier.contrib.sglang import extra_config, sglang_args
-from kvtier.contrib.sglang.naming import namespace_for, storage_key
+from kvtier.contrib.sglang.keys import namespace_for, storage_key
 
 import_host_pools()  # before SGLang's other modules: see tests/support/sglang_host.py
 from sglang.srt.managers.cache_controller import HiCacheController, PrefetchOperation  # noqa: E402
@@ -303,7 +303,7 @@ def test_threads_share_one_backend(tmp_path: Path) -> None:
     backend.close()
 
 
-# naming -----------------------------------------------------------------------------------
+# keys -------------------------------------------------------------------------------------
 def test_keys_fit_and_never_collide() -> None:
     sha = page_hashes(1)[0]
     assert len(sha) == 64 and len(storage_key(sha)) == 35
