@@ -1,4 +1,4 @@
-"""The ``host`` backend: a RAM tier with a byte capacity and LRU or ARC eviction.
+"""The ``host`` backend: a RAM tier with a byte capacity and LRU, ARC or S3-FIFO eviction.
 
 Blocks live in process memory as immutable ``bytes``: ``put`` copies once (not
 at all when handed ``bytes``), ``get`` returns the stored object itself and
@@ -7,35 +7,10 @@ bytes and is enforced before an insert, under the one lock, so nobody (stats
 included) ever sees it exceeded.  ``get``, ``get_into`` and a ``put`` of a key
 already stored are uses; ``lookup`` is not (the chain probes tiers with it).
 
-``lru`` drops the least recently used block.  ``arc`` is the Adaptive
-Replacement Cache of Megiddo and Modha (FAST 2003).  KV prefix blocks defeat
-LRU: a few blocks (system prompts, shared prefixes) are reused constantly while
-long one-off contexts stream through once, and a scan larger than the tier
-flushes the reused blocks.  ARC keeps blocks seen once (T1) apart from blocks
-seen at least twice (T2); a scan only churns T1, so the hot prefixes in T2
-survive it, and ARC still adapts when the recency side deserves more room.
-
-The paper counts equal-sized pages; blocks vary, so everything here is bytes:
-
-* T1 + T2 hold the blocks; their byte sum is ``used_bytes`` <= ``capacity``.
-* Ghost lists B1 and B2 keep key and size (no data) of blocks evicted from T1
-  and T2, trimmed so ``T1 + B1 <= capacity`` and ``B1 + B2 <= capacity``: the
-  byte form of ``|L1| <= c`` and ``|L1| + |L2| <= 2c``.  A ghost weighs at
-  least one byte so empty blocks cannot grow the ghost lists without bound.
-* ``p`` (``arc_p`` in stats) is T1's target size in bytes, in [0, capacity].
-  A ``put`` of a key found in B1 means T1 was too small: ``p`` grows by the
-  ghost's size times ``max(1, B2/B1)``, the paper's ``max(1, |B2|/|B1|)``
-  pages scaled by the size of the block that would have hit.  A B2 ghost hit
-  shrinks ``p`` the same way.  Either way the key re-enters at T2.
-* REPLACE evicts T1's oldest while T1 holds more than ``p`` bytes (or exactly
-  ``p`` on a B2 ghost hit), else T2's oldest, repeated until the new block
-  fits: one large block may displace several small ones.
-
-With equal block sizes this makes exactly the paper's decisions (the tests
-check it against a transcription of the paper's four cases).
-
-An explicit ``kvtier_evict`` leaves no ghost: the caller asked for it, so it
-says nothing about the cache being too small.
+``eviction`` picks the policy object that decides what to drop, from
+:mod:`kvtier.backends.eviction`: ``lru``, ``arc`` (scan-resistant) or
+``s3fifo`` (frequency-aware).  An explicit ``kvtier_evict`` is the caller's
+choice, not the policy's.
 """
 
 from __future__ import annotations
@@ -44,18 +19,17 @@ import ctypes
 import os
 import platform
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from ._batch import joined, nbytes, own, parts_nbytes, scatter
+from .eviction import EVICTION_POLICIES, Policy, new_policy
 
 __all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
 
-EVICTION_POLICIES = ("lru", "arc")
 
 def _positive(size: int) -> None:
     if size <= 0:
@@ -65,7 +39,8 @@ def _positive(size: int) -> None:
 _OPTIONS: Mapping[str, Option] = {
     "capacity": Option("size", "Bytes of block data held in RAM (sum of block sizes), e.g. 8GiB.",
                        required=True, check=_positive),
-    "eviction": Option("str", "Which block to drop when full: lru, or arc (resists one-off scans).",
+    "eviction": Option("str", "Which block to drop when full: lru, arc (resists one-off "
+                       "scans), or s3fifo (frequency-aware: one-hit blocks leave first).",
                        default="lru", choices=EVICTION_POLICIES),
     "max_block_size": Option("size", "Refuse larger blocks (default: only the capacity limits).",
                              default=None, check=_positive),
@@ -77,226 +52,6 @@ _OPTIONS: Mapping[str, Option] = {
 _B = TypeVar("_B")
 #: Entries per kvtier_scan batch.
 _SCAN_BATCH = 1024
-
-
-class _Accounting:
-    """Byte accounting shared by the policies.
-
-    Callers hold the backend's lock, and only admit a key that is not resident
-    with ``len(data) <= capacity``.  ``peek`` is not a use, ``access`` is;
-    ``rewrite`` swaps a block's bytes keeping its place; ``shed`` evicts until
-    the capacity holds again after a rewrite grew a block.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.used = 0
-        self.evictions = 0
-
-    def extra_stats(self) -> dict[str, int]:
-        return {}
-
-
-class _Lru(_Accounting):
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
-        self._blocks: OrderedDict[bytes, bytes] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def peek(self, key: bytes) -> bytes | None:
-        return self._blocks.get(key)
-
-    def sizes(self) -> list[tuple[bytes, int]]:
-        return [(key, len(data)) for key, data in self._blocks.items()]
-
-    def holds(self, keys: Sequence[bytes]) -> list[bool]:
-        blocks = self._blocks  # `in` on the dict: no method call per key
-        return [key in blocks for key in keys]
-
-    def access(self, key: bytes) -> bytes | None:
-        data = self._blocks.get(key)
-        if data is not None:
-            self._blocks.move_to_end(key)
-        return data
-
-    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
-        self._evict_until(self.capacity - len(data), evicted)
-        self._blocks[key] = data
-        self.used += len(data)
-
-    def remove(self, key: bytes) -> bytes | None:
-        data = self._blocks.pop(key, None)
-        if data is not None:
-            self.used -= len(data)
-        return data
-
-    def rewrite(self, key: bytes, data: bytes) -> None:
-        self.used += len(data) - len(self._blocks[key])
-        self._blocks[key] = data
-
-    def shed(self, evicted: Evicted) -> None:
-        self._evict_until(self.capacity, evicted)
-
-    def _evict_until(self, budget: int, evicted: Evicted) -> None:
-        while self.used > budget:
-            key, data = self._blocks.popitem(last=False)
-            self.used -= len(data)
-            self.evictions += 1
-            evicted.append((key, data))
-
-
-class _Ghosts:
-    """Keys and byte weights of blocks evicted from one ARC list, oldest first."""
-
-    __slots__ = ("bytes", "keys")
-
-    def __init__(self) -> None:
-        self.keys: OrderedDict[bytes, int] = OrderedDict()
-        self.bytes = 0
-
-    def add(self, key: bytes, size: int) -> None:
-        weight = max(size, 1)
-        self.keys[key] = weight
-        self.bytes += weight
-
-    def discard(self, key: bytes) -> None:
-        self.bytes -= self.keys.pop(key, 0)
-
-    def drop_oldest(self) -> None:
-        self.bytes -= self.keys.popitem(last=False)[1]
-
-
-class _Arc(_Accounting):
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
-        self._t1: OrderedDict[bytes, bytes] = OrderedDict()
-        self._t2: OrderedDict[bytes, bytes] = OrderedDict()
-        self._t1_bytes = 0  # T2's bytes are used - _t1_bytes
-        self._b1 = _Ghosts()
-        self._b2 = _Ghosts()
-        self.p = 0
-
-    def __len__(self) -> int:
-        return len(self._t1) + len(self._t2)
-
-    def peek(self, key: bytes) -> bytes | None:
-        data = self._t1.get(key)
-        return data if data is not None else self._t2.get(key)
-
-    def sizes(self) -> list[tuple[bytes, int]]:
-        held = [*self._t1.items(), *self._t2.items()]
-        return [(key, len(data)) for key, data in held]
-
-    def holds(self, keys: Sequence[bytes]) -> list[bool]:
-        t1, t2 = self._t1, self._t2
-        return [key in t1 or key in t2 for key in keys]
-
-    def access(self, key: bytes) -> bytes | None:
-        data = self._t1.pop(key, None)
-        if data is not None:
-            self._t1_bytes -= len(data)
-            self._t2[key] = data
-            return data
-        data = self._t2.get(key)
-        if data is not None:
-            self._t2.move_to_end(key)
-        return data
-
-    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
-        b1, b2 = self._b1, self._b2
-        hit_b2 = False
-        weight = b1.keys.get(key)
-        if weight is not None:
-            # b1.bytes >= weight >= 1 here, so the divisions are safe
-            step = weight if b1.bytes >= b2.bytes else weight * b2.bytes // b1.bytes
-            self.p = min(self.capacity, self.p + step)
-            b1.discard(key)
-        else:
-            weight = b2.keys.get(key)
-            if weight is not None:
-                step = weight if b2.bytes >= b1.bytes else weight * b1.bytes // b2.bytes
-                self.p = max(0, self.p - step)
-                b2.discard(key)
-                hit_b2 = True
-        while self.used + len(data) > self.capacity:
-            self._replace(hit_b2, evicted)
-        if weight is None:
-            self._t1[key] = data
-            self._t1_bytes += len(data)
-        else:
-            self._t2[key] = data
-        self.used += len(data)
-        self._trim_ghosts()
-
-    def remove(self, key: bytes) -> bytes | None:
-        data = self._t1.pop(key, None)
-        if data is not None:
-            self._t1_bytes -= len(data)
-        else:
-            data = self._t2.pop(key, None)
-        if data is not None:
-            self.used -= len(data)
-        return data
-
-    def rewrite(self, key: bytes, data: bytes) -> None:
-        old = self._t1.get(key)
-        if old is not None:
-            self._t1[key] = data
-            self._t1_bytes += len(data) - len(old)
-        else:
-            old = self._t2[key]
-            self._t2[key] = data
-        self.used += len(data) - len(old)
-
-    def shed(self, evicted: Evicted) -> None:
-        while self.used > self.capacity:
-            self._replace(False, evicted)
-        self._trim_ghosts()
-
-    def extra_stats(self) -> dict[str, int]:
-        return {"arc_p": self.p}
-
-    def _replace(self, hit_b2: bool, evicted: Evicted) -> None:
-        t1_bytes = self._t1_bytes
-        from_t1 = bool(self._t1) and (
-            not self._t2 or t1_bytes > self.p or (hit_b2 and t1_bytes >= self.p)
-        )
-        if from_t1:
-            key, data = self._t1.popitem(last=False)
-            self._t1_bytes -= len(data)
-            self._b1.add(key, len(data))
-        else:
-            key, data = self._t2.popitem(last=False)
-            self._b2.add(key, len(data))
-        self.used -= len(data)
-        self.evictions += 1
-        evicted.append((key, data))
-
-    def _trim_ghosts(self) -> None:
-        b1, b2 = self._b1, self._b2
-        while b1.keys and self._t1_bytes + b1.bytes > self.capacity:
-            b1.drop_oldest()
-        while b1.bytes + b2.bytes > self.capacity:
-            # the paper drops B2's oldest first when the directory is full
-            (b2 if b2.keys else b1).drop_oldest()
-
-
-_Policy: TypeAlias = "_Lru | _Arc"
-_POLICIES: Mapping[str, Callable[[int], _Policy]] = {"lru": _Lru, "arc": _Arc}
-
-
-def new_policy(eviction: str, capacity: int) -> _Policy:
-    """The accounting object of one ``eviction`` policy, without a backend around it.
-
-    ``kvtier plan`` replays traces through it on a null data path (one-byte
-    payloads, capacity in blocks), so its curves come from the tier's own code.
-    It offers ``holds(keys)``, ``access(key)`` (a use; the payload or None),
-    ``admit(key, data, evicted)`` for a key not held, ``remove(key)``, and
-    ``evictions``; callers serialise their calls.
-    """
-    return _POLICIES[eviction](capacity)
 
 
 _malloc_tuned = False
@@ -379,7 +134,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
     def __init__(self) -> None:
         super().__init__()
         self._lock = threading.Lock()
-        self._policy: _Policy | None = None
+        self._policy: Policy | None = None
         self._eviction = "lru"
         self._max_block_size: int | None = None
         self._limit = 0  # largest block admitted: min(capacity, max_block_size)
@@ -393,7 +148,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         max_block_size: int | None = options["max_block_size"]
         eviction: str = options["eviction"]
         with self._lock:
-            self._policy = _POLICIES[eviction](capacity)
+            self._policy = new_policy(eviction, capacity)
             _tune_malloc(capacity)
             _prefault(min(options["prefault"], capacity))
             self._eviction = eviction
@@ -497,7 +252,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         ])
 
     # internals -------------------------------------------------------------
-    def _live(self) -> _Policy:
+    def _live(self) -> Policy:
         """The open policy; the caller holds the lock (a close may have raced the call)."""
         policy = self._policy
         if policy is None:

@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kvtier.backends.host import EVICTION_POLICIES
+from kvtier.backends.eviction import EVICTION_POLICIES
 from kvtier.plugins.options import parse_size
 
 from .chart import write_chart

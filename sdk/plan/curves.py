@@ -15,7 +15,7 @@ request's prefix at C is its leading references whose running maximum
 distance is at most C.
 
 Other policies are replayed at each capacity through
-:func:`kvtier.backends.host.new_policy`, the objects the host tier evicts
+:func:`kvtier.backends.eviction.new_policy`, the objects the host tier evicts
 with, with payloads that hold no bytes and weigh :data:`BLOCK_SCALE` each.
 
 Belady's bound is the offline optimum of block hits (MIN with bypass: on a
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.backends.host import new_policy
+from kvtier.backends.eviction import new_policy
 
 from .trace import Trace
 

@@ -67,7 +67,7 @@ def test_the_trace_holds_every_call_as_key_hashes_and_no_payload(tmp_path: Path)
     assert trace.block_tokens == 16
 
 
-@pytest.mark.parametrize("eviction", ["lru", "arc"])
+@pytest.mark.parametrize("eviction", ["lru", "arc", "s3fifo"])
 def test_plan_replays_a_recording_to_the_chains_own_hits(tmp_path: Path, eviction: str) -> None:
     """The prefix hits plan finds in a recording equal those the recorded chain served."""
     path = tmp_path / "trace.jsonl"

@@ -123,7 +123,7 @@ def test_belady_bounds_every_policy(kind: str) -> None:
     trace = generate(kind, 400, seed=3)
     for capacity in default_capacities(trace.unique_blocks, 5):
         bound = belady_hits(trace, capacity)
-        for policy in ("lru", "arc"):
+        for policy in ("lru", "arc", "s3fifo"):
             point = replay(trace, policy, capacity)
             assert point.prefix_hits <= point.block_hits <= bound, (policy, capacity)
     ceiling = lru_curve(trace, [INFINITE])[0]

@@ -23,3 +23,11 @@ class TestHostArc(BackendTests):
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:
         return {"capacity": "2MiB", "eviction": "arc", "max_block_size": "1MiB"}
+
+
+class TestHostS3Fifo(BackendTests):
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "2MiB", "eviction": "s3fifo", "max_block_size": "1MiB"}

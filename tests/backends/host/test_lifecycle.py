@@ -24,7 +24,7 @@ def test_entry_point_options_and_hooks() -> None:
     assert opts["capacity"].type == "size" and opts["capacity"].required
     assert opts["capacity"].help
     assert opts["eviction"].type == "str"
-    assert opts["eviction"].choices == ("lru", "arc")
+    assert opts["eviction"].choices == ("lru", "arc", "s3fifo")
     assert opts["eviction"].default == "lru"
     assert opts["max_block_size"].type == "size" and opts["max_block_size"].default is None
 
@@ -40,6 +40,8 @@ def test_capabilities_and_initial_stats(eviction: str) -> None:
     expected = {"used_bytes": 0, "blocks": 0, "capacity_bytes": 1000, "evictions": 0}
     if eviction == "arc":
         expected["arc_p"] = 0
+    if eviction == "s3fifo":
+        expected["s3fifo_small_bytes"] = 0
     assert stats == expected
     handle.close()
 
