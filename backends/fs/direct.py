@@ -112,17 +112,17 @@ class DirectIO:
         """Read the whole file from the page cache if it is all there, without waiting.
 
         A file written or read moments ago sits in the page cache, and an
-        O_DIRECT read would fetch it from the disk again: 16 x 2 MiB came at
-        0.45 GB/s direct against 5.8 GB/s from the cache (kvtier bench,
-        2-core EPYC).  ``RWF_NOWAIT`` answers EAGAIN, or a short count, as
-        soon as a page is missing; then the caller reads the whole file with
-        O_DIRECT (a short read is simply read again: the pages it got may be
-        stale by then only if the file was replaced, and a replaced block has
-        the same bytes).  But a ``RWF_NOWAIT`` miss starts the kernel's
-        readahead of the whole file (a 2 MiB block was all in the page cache
-        50 ms after an EAGAIN), which doubles the disk traffic and caches KV a
-        second time: so ``cachestat`` (Linux >= 6.5) is asked first, where the
-        kernel has it, and only a file it finds cached all through is read.
+        O_DIRECT read would fetch it from the disk again, several times
+        slower (BENCHMARKS.md, "Figures behind design choices").
+        ``RWF_NOWAIT`` answers EAGAIN, or a short count, as soon as a page is
+        missing; then the caller reads the whole file with O_DIRECT (a short
+        read is simply read again: the pages it got may be stale by then only
+        if the file was replaced, and a replaced block has the same bytes).
+        But a ``RWF_NOWAIT`` miss starts the kernel's readahead of the whole
+        file (see the same section), which doubles the disk traffic and
+        caches KV a second time: so ``cachestat`` (Linux >= 6.5) is asked
+        first, where the kernel has it, and only a file it finds cached all
+        through is read.
         """
         if len(bufs) > IOV_MAX or _all_cached(fd, size) is False:
             return False
@@ -140,9 +140,8 @@ class DirectIO:
     def _read_direct(self, fd: int, size: int, bufs: list[Any]) -> int | None:
         """Read the file with O_DIRECT; ``None`` if the filesystem refuses it.
 
-        Bypassing the page cache is what makes a cold read fast (measured on
-        64 x 2 MiB files, 16 threads: 70 ms direct against 160-480 ms
-        buffered) and keeps a second copy of KV out of RAM.  O_DIRECT needs
+        Bypassing the page cache is what makes a cold read fast (BENCHMARKS.md,
+        "Figures behind design choices") and keeps a second copy of KV out of RAM.  O_DIRECT needs
         aligned memory, lengths and file offsets: buffers that qualify (a
         block's payload, which the block format aligns, landing in an
         engine's page-aligned KV rows) are read into in place; the rest (the

@@ -72,10 +72,10 @@ def recv_blocks(
     socket blocks, with ``SO_RCVTIMEO`` keeping each wait within the
     deadline; a block cut short (the timeout, a signal) is finished in
     pieces, into a ``bytearray``.  Receiving a batch into one buffer and
-    copying each block out cost ``kvtier serve`` a copy per block (16 x 2
-    MiB puts at 0.50x of a plain socket); waiting with ``SO_RCVLOWAT`` until
-    the socket held a block whole worked only for blocks up to a third of
-    the receive buffer (8 MiB blocks: 0.54-0.57x).
+    copying each block out cost ``kvtier serve`` a copy per block; waiting
+    with ``SO_RCVLOWAT`` until the socket held a block whole worked only for
+    blocks up to a third of the receive buffer (BENCHMARKS.md, "Figures
+    behind design choices", has both).
     """
     blocks: list[bytes | bytearray] = []
     sock.setblocking(True)
@@ -134,9 +134,9 @@ def skip(sock: socket.socket, count: int, deadline: float) -> None:
         count -= step
 
 
-#: Bytes handed to one ``sendmsg``.  A 32 MiB batch sent in calls of 1-4 MiB
-#: took 8.1-8.6 ms over loopback, in one call 10.1-10.9 ms (2-core VM, median
-#: of 25; the receiver gets going sooner), in 256 KiB calls 10.3 ms.
+#: Bytes handed to one ``sendmsg``: pieces of 1-4 MiB let the receiver get
+#: going sooner than one call or smaller pieces (BENCHMARKS.md, "Figures
+#: behind design choices").
 SEND_PIECE = 2 << 20
 #: Buffers taken ahead of the socket while it is full, to use the wait.
 _AHEAD = 8 << 20

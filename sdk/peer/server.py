@@ -22,8 +22,8 @@ only its RAM tier held: give served chains ``write: through`` below RAM.
 The data path uses threads and plain non-blocking sockets polled with a
 deadline, receiving each block of a put with one ``recv`` into the object
 the store keeps (:func:`~kvtier.peer.protocol.recv_blocks`) and sending with
-``sendmsg`` gather lists: measured on loopback, that reaches several GB/s
-where asyncio streams reached well under one.  One thread serves one
+``sendmsg`` gather lists, which on loopback reach several times what asyncio
+streams did (BENCHMARKS.md, "Figures behind design choices").  One thread serves one
 connection, so a connection's replies come in request order.
 
 Listening beyond loopback requires a shared secret (``--secret-file`` or
