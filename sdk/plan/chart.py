@@ -20,10 +20,14 @@ def write_chart(plan: Plan, path: str | Path) -> str | None:
     caps = [plan.scale(c) for c in plan.capacities]
     refs = plan.ceiling.references or 1
     fig, (hits, writes) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, points in plan.curves.items():
-        hits.plot(caps, [100 * p.prefix_ratio for p in points], marker="o", label=name)
-        writes.plot(caps, [p.puts for p in points], marker="o", label=f"{name}: through")
-        writes.plot(caps, [p.evictions for p in points], linestyle="--", label=f"{name}: back")
+    for i, (name, points) in enumerate(plan.curves.items()):
+        color = f"C{i}"
+        hits.plot(caps, [100 * p.prefix_ratio for p in points], marker="o", color=color,
+                  label=name)
+        writes.plot(caps, [p.puts for p in points], marker="o", color=color,
+                    label=f"{name}: write through")
+        writes.plot(caps, [p.evictions for p in points], linestyle="--", color=color,
+                    label=f"{name}: write back")
     if plan.belady:
         hits.plot(caps, [100 * h / refs for h in plan.belady], linestyle=":", color="black",
                   label="Belady (block hits, upper bound)")
