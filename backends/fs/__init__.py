@@ -37,9 +37,11 @@ from kvtier.spec import (
     BytesLike,
     Capabilities,
     ConfigError,
+    Failed,
     KvtierError,
     Option,
     ScanEntry,
+    map_batch,
     run_batch,
 )
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
@@ -47,6 +49,7 @@ from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 from .._batch import joined, nbytes
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
+from .faults import BlockFaults
 from .index import load_tree, save_index
 from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
@@ -147,12 +150,13 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         # leaf directories listed again at open because the index file was
         # older than them; -1: no usable index, the whole tree was scanned
         self._leaves_rescanned = -1
+        self._faults = BlockFaults()  # see .faults: a block's fault is a miss
 
     # lifecycle ------------------------------------------------------------
     def _open(self, options: Mapping[str, Any], namespace: str) -> None:
         # options arrive checked against OPTIONS, defaults filled (BackendHandle.open)
         url: str = options["url"]
-        self._url = redact(url)
+        self._url = self._faults.url = redact(url)
         if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
             # it becomes a directory name: accept nothing but the documented form
             raise ConfigError(
@@ -221,6 +225,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 "found_on_disk": ledger.found_on_disk,
                 "stale_tmp_removed": self._stale_tmp_removed,
                 "leaves_rescanned": self._leaves_rescanned,
+                "block_faults": self._faults.count,
             }
             if ledger.capacity is not None:
                 stats["capacity_bytes"] = ledger.capacity
@@ -278,8 +283,10 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         sizes: list[int],
         evicted: Evicted,
     ) -> list[bool]:
-        if len(keys) == 1 and self._put_one(keys[0], parts[0], sizes[0]):
-            return [True]
+        if len(keys) == 1:
+            done = self._put_one(keys[0], parts[0], sizes[0])
+            if done is not None:
+                return [done]
         ledger = self._ledger
         with self._lock:
             if not self.is_open:
@@ -293,30 +300,31 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             return results
         store, fsync = self._store, self._fsync
 
-        def write(i: int) -> int | Exception:
-            # caught per block so that the blocks that did land get indexed
-            try:
-                return store.write(keys[i], parts[i], fsync)
-            except Exception as exc:
-                return exc
+        def write(i: int) -> int:
+            return store.write(keys[i], parts[i], fsync)
 
         try:
             if victims:
                 self._report_victims(victims, parts, evicted)
-            outcomes = self._map(write, plan, "write block")
-        except BaseException:
+            # caught per block so that the blocks that did land get indexed
+            outcomes = map_batch(self._pool, self._threads, write, plan)
+        except BaseException as exc:
             with self._lock:
                 ledger.release(sum(sizes[i] for i in plan))
-            raise
-        failure: Exception | None = None
+            self._raise(exc, "write block")
+        failure: BaseException | None = None
+        try:
+            landed, _ = self._faults.settle(outcomes, -1, store.probe, "write block")
+        except BaseException as exc:  # the tier's fault: raised once the landed are indexed
+            failure = exc
+            landed = [out if isinstance(out, int) else -1 for out in outcomes]
         with self._lock:
-            for i, out in zip(plan, outcomes, strict=True):
+            for i, size in zip(plan, landed, strict=True):
                 ledger.reserved -= sizes[i]
-                if isinstance(out, int):
-                    ledger.admit(keys[i], out)
+                if size >= 0:
+                    ledger.admit(keys[i], size)
                 else:
                     results[i] = False
-                    failure = failure or out
             ledger.landed.notify_all()
         if failure is not None:
             self._raise(failure, "write block")
@@ -325,11 +333,11 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 results[i] = results[first[key]]
         return results
 
-    def _put_one(self, key: bytes, parts: Sequence[BytesLike], size: int) -> bool:
+    def _put_one(self, key: bytes, parts: Sequence[BytesLike], size: int) -> bool | None:
         """A single block that needs no eviction, with the least bookkeeping.
 
         Small blocks cost a few syscalls; the general path's planning would
-        add a noticeable share to that.  Answers False to hand over to it.
+        add a noticeable share to that.  Answers None to hand over to it.
         """
         ledger = self._ledger
         with self._lock:
@@ -340,16 +348,17 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 return True
             cap = ledger.capacity
             if cap is not None and ledger.used + ledger.reserved + size > cap:
-                return False
+                return None
             if key in ledger.doomed:
-                return False  # its file is being deleted: the general path waits for that
+                return None  # its file is being deleted: the general path waits for that
             ledger.reserved += size
         try:
             stored = self._store.write(key, parts, self._fsync)
         except BaseException as exc:
             with self._lock:
                 ledger.release(size)
-            self._raise(exc, "write block")
+            self._one(exc, False, self._store.probe, "write block")
+            return False
         with self._lock:
             ledger.release(size)
             ledger.admit(key, stored)
@@ -367,13 +376,13 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             # Every victim is read and reported before any is deleted: a chain
             # takes a reported block as on its way to the tier below at once,
             # so a concurrent reader finds it here or there, never nowhere.
-            found = iter(self._map(self._store.read, stored, "evict"))
+            found = iter(self._each(self._store.read, stored, None, "evict")[0])
             for key, i in victims:
                 data = next(found) if i is None else joined(parts[i])
                 if data is not None:  # None: another process deleted it first
                     evicted.append((key, data))
                     total += len(data)
-            self._map(self._store.remove, stored, "evict")
+            self._each(self._store.remove, stored, False, "evict")
         finally:
             with self._lock:
                 self._ledger.undoom(stored)
@@ -385,14 +394,15 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             try:
                 data = self._store.read(keys[0])
             except BaseException as exc:
-                self._raise(exc, "read block")
+                return [self._one(exc, None, self._store.probe_read, "read block")]
             if known[0] is (data is None):
                 self._reconcile(keys, known, [None if data is None else len(data)], seen)
             return [data]
         unique = keys if len(keys) <= 1 else list(dict.fromkeys(keys))
         known, seen = self._touch(unique)
-        found = self._map(self._store.read, unique, "read block")
-        self._reconcile(unique, known, [None if d is None else len(d) for d in found], seen)
+        found, faulted = self._each(self._store.read, unique, None, "read block")
+        self._reconcile(unique, known, [None if d is None else len(d) for d in found], seen,
+                        faulted)
         if unique is keys:
             return found
         by_key = dict(zip(unique, found, strict=True))
@@ -406,15 +416,17 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             try:
                 size = self._store.read_into(keys[0], buffers[0])
             except BaseException as exc:
-                self._raise(exc, "read block")
+                return [self._one(exc, None, self._store.probe_read, "read block")]
             if known[0] is (size is None):
                 self._reconcile(keys, known, [size], seen)
             return [size]
         # no de-duplication: every position has buffers of its own to fill
         known, seen = self._touch(keys)
         read_into = self._store.read_into
-        sizes = self._map(lambda i: read_into(keys[i], buffers[i]), range(len(keys)), "read")
-        self._reconcile(keys, known, sizes, seen)
+        sizes, faulted = self._each(
+            lambda i: read_into(keys[i], buffers[i]), range(len(keys)), None, "read block"
+        )
+        self._reconcile(keys, known, sizes, seen, faulted)
         return sizes
 
     def _lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
@@ -428,8 +440,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             return known
         # the index may lag behind other processes: stat what it lacks
         unknown = list(dict.fromkeys(k for k, hit in zip(keys, known, strict=True) if not hit))
-        sizes = self._map(self._store.size, unknown, "stat block")
-        self._reconcile(unknown, [False] * len(unknown), sizes, seen)
+        sizes, faulted = self._each(self._store.size, unknown, None, "stat block")
+        self._reconcile(unknown, [False] * len(unknown), sizes, seen, faulted)
         found = {key for key, size in zip(unknown, sizes, strict=True) if size is not None}
         return [hit or key in found for key, hit in zip(keys, known, strict=True)]
 
@@ -441,7 +453,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             self._ledger.doom(unique)
         try:
             # unlink even keys this process never saw: another may have written them
-            removed = self._map(self._store.remove, unique, "evict block")
+            removed = self._each(self._store.remove, unique, False, "evict block")[0]
         finally:
             with self._lock:
                 self._ledger.undoom(unique)
@@ -486,9 +498,23 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             return self._ledger.touch(keys), self._ledger.deletions
 
     def _reconcile(
-        self, keys: Sequence[bytes], known: list[bool], sizes: Sequence[int | None], seen: int
+        self,
+        keys: Sequence[bytes],
+        known: list[bool],
+        sizes: Sequence[int | None],
+        seen: int,
+        faulted: Sequence[int] = (),
     ) -> None:
-        """Bring the index in line with what the store answered, where they disagree."""
+        """Bring the index in line with what the store answered, where they disagree.
+
+        A block whose read ``faulted`` is still there: its index entry stays.
+        """
+        if faulted:
+            skip = set(faulted)
+            keep = [i for i in range(len(keys)) if i not in skip]
+            keys = [keys[i] for i in keep]
+            known = [known[i] for i in keep]
+            sizes = [sizes[i] for i in keep]
         for hit, size in zip(known, sizes, strict=True):
             if hit is (size is None):
                 break
@@ -509,6 +535,27 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             return run_batch(self._pool, self._threads, fn, items)
         except BaseException as exc:
             self._raise(exc, what)
+
+    def _each(
+        self, fn: Callable[[T], R], items: Sequence[T], miss: R, what: str
+    ) -> tuple[list[R], list[int]]:
+        """:meth:`_map` where a fault of one block answers ``miss`` for it (see
+        :mod:`.faults`); answers the results and the positions that faulted."""
+        probe = self._store.probe_read if miss is None else self._store.probe
+        try:
+            outcomes = map_batch(self._pool, self._threads, fn, items)
+            return self._faults.settle(outcomes, miss, probe, what)
+        except BaseException as exc:
+            self._raise(exc, what)
+
+    def _one(self, exc: BaseException, miss: R, probe: Callable[[], object], what: str) -> R:
+        """``miss`` if ``exc``, raised for one block, is a fault of that block only."""
+        if not isinstance(exc, Exception):
+            raise exc
+        try:
+            return self._faults.settle([Failed(exc)], miss, probe, what)[0][0]
+        except BaseException as err:
+            self._raise(err, what)
 
     def _raise(self, exc: BaseException, what: str) -> NoReturn:
         """Raise ``exc``, as a BackendError naming the tier if it is a storage fault."""

@@ -127,6 +127,10 @@ class Store:
         """Write and remove a scratch file: raises if the root is not writable."""
         raise NotImplementedError
 
+    def probe_read(self) -> None:
+        """Raises if the root cannot be read (see :mod:`kvtier.backends.fs.faults`)."""
+        self.probe()
+
     def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
         """Publish ``parts`` atomically under ``key``; answer the stored size.
 

@@ -48,6 +48,9 @@ class LocalStore(DirectIO, Store):
         os.close(fd)
         os.unlink(tmp)
 
+    def probe_read(self) -> None:
+        os.listdir(self.nsroot)
+
     def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
         # No existence check first: it would cost a syscall per block, and the
         # backend's index already skips keys it knows.  A block another

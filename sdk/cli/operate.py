@@ -288,6 +288,8 @@ class ScrubResult:
     bytes: int = 0
     vanished: int = 0
     corrupt: list[Corrupt] = field(default_factory=list)
+    # still held but not readable (a fault of the block, such as EACCES or EIO)
+    unreadable: list[ScanEntry] = field(default_factory=list)
 
 
 class RateLimit:
@@ -313,16 +315,24 @@ def scrub_store(store: OperatorStore, entries: Sequence[ScanEntry], *, repair: b
     """Read and check every block in ``entries``; remove the bad ones if ``repair``.
 
     ``progress`` is told the bytes of each batch checked.  Blocks gone since
-    the scan are counted as vanished, not corrupt.
+    the scan are counted as vanished, not corrupt; a block the store still
+    holds but cannot read (a fault of that block, which the backend answers
+    as a miss) is listed as unreadable, and the scrub goes on.
     """
     result = ScrubResult()
     for batch in _read_batches(entries):
         tier = store.tier(batch[0].namespace)
         blobs = tier.handle.get([e.key for e in batch])
         bad: list[tuple[ScanEntry, str]] = []
+        missing = [e for e, blob in zip(batch, blobs) if blob is None]
+        held = tier.handle.lookup([e.key for e in missing]) if missing else []
+        for entry, still in zip(missing, held):
+            if still:
+                result.unreadable.append(entry)
+            else:
+                result.vanished += 1
         for entry, blob in zip(batch, blobs):
             if blob is None:
-                result.vanished += 1
                 continue
             result.checked += 1
             result.bytes += memoryview(blob).nbytes

@@ -2,8 +2,8 @@
 
 Each takes the chain file an engine uses, ``--tier NAME`` (repeatable) to
 pick tiers, prints tables, and with ``--json`` one JSON document on stdout
-instead.  Exit status: 0 done, 1 ``scrub`` found corrupt blocks or a purge
-was not confirmed, 2 the file, a tier or the arguments are wrong.  What they
+instead.  Exit status: 0 done, 1 ``scrub`` found corrupt or unreadable
+blocks or a purge was not confirmed, 2 the file, a tier or the arguments are wrong.  What they
 do is :mod:`kvtier.cli.operate`.
 """
 
@@ -172,7 +172,9 @@ def scrub_command(config_file: str, tiers: tuple[str, ...], as_json: bool, repai
                   max_rate: str | None) -> None:
     """Read and verify every block of CONFIG's tiers (header, namespace, key, checksum).
 
-    Exits 1 when any block is corrupt (also with --repair, which removes them).
+    Exits 1 when any block is corrupt (also with --repair, which removes them) or
+    unreadable (a fault of that block's file, such as EACCES or EIO: listed, never
+    removed, and the scrub goes on).
     """
     try:
         rate = None if max_rate is None else float(parse_size(max_rate))
@@ -186,9 +188,11 @@ def scrub_command(config_file: str, tiers: tuple[str, ...], as_json: bool, repai
         for store in stores:
             report.append(_scrub_one(store, repair, rate))
     corrupt = sum(len(r.get("corrupt", [])) for r in report)
-    document = {"config": config_file, "tiers": report, "corrupt": corrupt, "repair": repair}
+    unreadable = sum(len(r.get("unreadable", [])) for r in report)
+    document = {"config": config_file, "tiers": report, "corrupt": corrupt,
+                "unreadable": unreadable, "repair": repair}
     _emit(as_json, document, lambda c: _scrub_tables(c, report, repair))
-    sys.exit(1 if corrupt else 0)
+    sys.exit(1 if corrupt or unreadable else 0)
 
 
 def _scrub_one(store: OperatorStore, repair: bool, rate: float | None) -> dict[str, Any]:
@@ -208,7 +212,9 @@ def _scrub_one(store: OperatorStore, repair: bool, rate: float | None) -> dict[s
         _fail(f"tier {store.name!r}: {exc}")
         raise AssertionError("unreachable") from None
     row.update(checked=result.checked, bytes=result.bytes, vanished=result.vanished,
-               corrupt=[c.as_json() for c in result.corrupt])
+               corrupt=[c.as_json() for c in result.corrupt],
+               unreadable=[{"namespace": e.namespace, "key": e.key.hex(), "size": e.size}
+                           for e in result.unreadable])
     return row
 
 
@@ -220,7 +226,11 @@ def _scrub_tables(console: Console, report: list[dict[str, Any]], repair: bool) 
             continue
         console.print(f"{escape(title)}: {row['checked']} block(s) checked, "
                       f"{format_size(row['bytes'])}, {len(row['corrupt'])} corrupt"
-                      + (f", {row['vanished']} gone during the scrub" if row["vanished"] else ""))
+                      + (f", {row['vanished']} gone during the scrub" if row["vanished"] else "")
+                      + (f", {len(row['unreadable'])} unreadable" if row["unreadable"] else ""))
+        for u in row["unreadable"]:
+            console.print(f"  unreadable (kept): {u['namespace'][:12]} {u['key']} "
+                          f"({u['size']} bytes); check the file's permissions and the device")
         if not row["corrupt"]:
             continue
         table = Table(title=f"corrupt blocks in {row['tier']}", title_justify="left")

@@ -39,8 +39,9 @@ def test_read_only_directory(tmp_path: Path, opener: Opener) -> None:
     fan.mkdir(parents=True)
     fan.chmod(0o555)
     try:
-        with pytest.raises(BackendError):
-            tier.put([b"ro"], [blob(100)], [])
+        # a fault of this block's directory only: refused, counted, no error
+        assert tier.put([b"ro"], [blob(100)], []) == [False]
+        assert tier.stats()["block_faults"] == 1
         assert list(fan.iterdir()) == []
         assert tier.get([b"ro"]) == [None]
     finally:
@@ -155,7 +156,8 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     fresh = default_registry().create("fs")
     opts = fresh.options()
     assert set(opts) == {
-        "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options"
+        "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options",
+        "pool", "capacity_scope", "min_free", "pool_lease",
     }
     assert opts["url"].required
     assert opts["storage_options"].secret
