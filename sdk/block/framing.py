@@ -39,7 +39,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import msgpack
 import numpy as np
@@ -61,17 +61,21 @@ __all__ = [
     "MAGIC",
     "SHUFFLE_WIDTHS",
     "ZSTD_LEVELS",
+    "Checked",
     "Codec",
+    "Decoded",
     "Frame",
     "Header",
     "check_payload",
     "checks_while_copying",
     "copy_digest",
+    "decode",
     "decode_into",
     "digest",
     "encode",
     "encode_parts",
     "header_size",
+    "kept_as",
     "parse_header",
     "recode",
 ]
@@ -126,6 +130,28 @@ class Header:
     raw_len: int
     shuffle: int
     size: int  # bytes taken by magic, length and header before the payload
+
+
+class Decoded(NamedTuple):
+    """What :func:`decode` gives: the raw payload as new ``bytes``, and the header it parsed."""
+
+    payload: bytes
+    header: Header
+
+
+class Checked(NamedTuple):
+    """A frame as a tier read it, its header parsed and checked.
+
+    ``parts`` join into the frame: ``(frame,)``, or ``(header bytes, payload)``
+    where the payload was read straight into a caller's buffer.  ``verified``:
+    the payload was checked against the header's checksum.  An unverified
+    frame keeps the checksum it was read with, so whoever reads it later with
+    verification still checks it.
+    """
+
+    parts: tuple[BytesLike, ...]
+    header: Header
+    verified: bool
 
 
 _local = threading.local()  # zstd contexts are not safe to share between threads
@@ -432,15 +458,7 @@ def decode_into(
     if header.codec == CODEC_NONE:
         out[:] = stored
         return header
-    try:
-        # a frame may claim any size; allocate only what the checked header allows
-        if zstandard.frame_content_size(stored) != header.raw_len:
-            raise CorruptBlockError("zstd frame size differs from header")
-        raw = _decompressor().decompress(stored, max_output_size=header.raw_len)
-    except zstandard.ZstdError as exc:
-        raise CorruptBlockError(f"zstd: {exc}") from None
-    if len(raw) != header.raw_len:
-        raise CorruptBlockError("decompressed length differs from header")
+    raw = _decompress(stored, header)
     if header.shuffle:
         _unshuffle_into(raw, header.shuffle, out)
     else:
@@ -448,13 +466,80 @@ def decode_into(
     return header
 
 
-def recode(blob: BytesLike, namespace: bytes, key: bytes, codec: Codec, *, verify: bool) -> bytes:
-    """Re-encode a checked block for a tier with another codec (promotion, demotion)."""
-    header = parse_header(blob, namespace, key)
+def _decompress(stored: memoryview, header: Header) -> bytes:
+    """The zstd frame ``stored`` decompressed, still shuffled; a bad frame is corrupt."""
+    try:
+        # a frame may claim any size; allocate only what the checked header allows
+        if zstandard.frame_content_size(stored) != header.raw_len:
+            raise CorruptBlockError("zstd frame size differs from header")
+        raw: bytes = _decompressor().decompress(stored, max_output_size=header.raw_len)
+    except zstandard.ZstdError as exc:
+        raise CorruptBlockError(f"zstd: {exc}") from None
+    if len(raw) != header.raw_len:
+        raise CorruptBlockError("decompressed length differs from header")
+    return raw
+
+
+def decode(
+    blob: BytesLike,
+    namespace: bytes,
+    key: bytes,
+    *,
+    verify: bool = True,
+    header: Header | None = None,
+) -> Decoded:
+    """Check ``blob`` fully and return its raw payload as new ``bytes``, with its header.
+
+    For a reader that does not know the payload's size: the header is parsed
+    once (not first to size a buffer, then again to decode into it), and the
+    payload is copied once: sliced out, or decompressed, or unshuffled.
+    """
+    if header is None:
+        header = parse_header(blob, namespace, key)
     stored = memoryview(blob).cast("B")[header.size :]
     check_payload(header, stored, verify)
-    if header.codec == codec.codec_id and (codec.name == "none" or header.shuffle == codec.shuffle):
+    if header.codec == CODEC_NONE:
+        return Decoded(stored.tobytes(), header)
+    raw = _decompress(stored, header)
+    if header.shuffle:
+        data = np.frombuffer(raw, dtype=np.uint8)
+        whole = len(data) - len(data) % header.shuffle
+        body = data[:whole].reshape(header.shuffle, -1).T.tobytes()
+        raw = body + data[whole:].tobytes() if whole < len(data) else body
+    return Decoded(raw, header)
+
+
+def kept_as(header: Header, codec: Codec) -> bool:
+    """Whether a tier encoding with ``codec`` stores the frame of ``header`` as it is.
+
+    The level is not in a frame; a shuffle width is, and only zstd uses one.
+    """
+    same_shuffle = codec.name == "none" or header.shuffle == codec.shuffle
+    return header.codec == codec.codec_id and same_shuffle
+
+
+def recode(
+    blob: BytesLike,
+    namespace: bytes,
+    key: bytes,
+    codec: Codec,
+    *,
+    verify: bool,
+    header: Header | None = None,
+) -> bytes:
+    """A checked frame for a tier with ``codec`` (promotion, demotion, a client's put).
+
+    A frame the tier stores as it is (:func:`kept_as`) is checked when
+    ``verify``, and returned uncopied if it is ``bytes``.  A frame in another
+    form is always checked before it is re-encoded, whatever ``verify`` says:
+    the new frame's checksum is taken afresh, and must never vouch for bytes
+    that were not checked.  ``header``: the frame's, where the caller parsed it.
+    """
+    if header is None:
+        header = parse_header(blob, namespace, key)
+    stored = memoryview(blob).cast("B")[header.size :]
+    if kept_as(header, codec):
+        check_payload(header, stored, verify)
         return blob if isinstance(blob, bytes) else bytes(blob)
-    raw = bytearray(header.raw_len)
-    decode_into(blob, namespace, key, memoryview(raw), verify=False)
-    return encode(namespace, key, raw, codec)
+    payload = decode(blob, namespace, key, verify=True, header=header).payload
+    return encode(namespace, key, payload, codec)

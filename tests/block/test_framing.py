@@ -307,3 +307,56 @@ def test_a_damaged_payload_is_caught_when_verifying_and_copied_when_not(size: in
         decode_into(damaged, NS, KEY, memoryview(out))
     decode_into(damaged, NS, KEY, memoryview(out), verify=False)
     assert out == damaged[-size:]  # unverified, the stored bytes as they are
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=str)
+@pytest.mark.parametrize("size", [0, 7, 4097, ALIGN_MIN + 3])
+def test_decode_gives_the_payload_as_new_bytes_with_the_header_it_parsed(
+    codec: Codec, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload = bf16_like(size - size % 2) + os.urandom(size % 2)
+    blob = encode(NS, KEY, payload, codec)
+    parsed = []
+    real = framing.parse_header
+    monkeypatch.setattr(framing, "parse_header", lambda *a: parsed.append(a) or real(*a))
+    decoded, header = framing.decode(blob, NS, KEY)
+    assert type(decoded) is bytes and decoded == payload
+    assert len(parsed) == 1 and header == real(blob, NS, KEY)
+    # a caller holding the header already parses nothing
+    assert framing.decode(blob, NS, KEY, header=header).payload == payload and len(parsed) == 1
+
+
+def test_decode_checks_what_it_decodes_unless_told_not_to() -> None:
+    payload = os.urandom(5000)
+    damaged = bytearray(encode(NS, KEY, payload, Codec()))
+    damaged[-1] ^= 0x01
+    with pytest.raises(CorruptBlockError, match="checksum mismatch"):
+        framing.decode(damaged, NS, KEY)
+    assert framing.decode(damaged, NS, KEY, verify=False).payload == bytes(damaged[-5000:])
+    with pytest.raises(CorruptBlockError):
+        framing.decode(encode(NS, KEY, payload, Codec()), NS, b"another key")
+
+
+@pytest.mark.parametrize("to", [Codec("zstd", 1, 2), Codec("zstd", 1, 4), Codec()], ids=str)
+def test_recode_never_gives_unchecked_bytes_a_new_checksum(to: Codec) -> None:
+    """A frame in another form is re-encoded, with a checksum taken afresh: that
+    checksum must not vouch for a payload nobody checked, so recode checks it
+    first even when told not to verify (a frame it keeps as it is, it does not)."""
+    source = Codec("zstd", 1, 2) if to.name == "none" else Codec()
+    damaged = bytearray(encode(NS, KEY, bf16_like(8192), source))
+    damaged[-2] ^= 0x04
+    with pytest.raises(CorruptBlockError):
+        recode(bytes(damaged), NS, KEY, to, verify=False)
+    kept = recode(bytes(damaged), NS, KEY, source, verify=False)
+    assert kept == damaged  # as it came, its own checksum still in it
+    with pytest.raises(CorruptBlockError):
+        decode(kept, 8192)
+
+
+def test_kept_as_compares_the_stored_form_not_the_level() -> None:
+    plain = parse_header(encode(NS, KEY, bytes(4096), Codec()), NS, KEY)
+    packed = parse_header(encode(NS, KEY, bytes(4096), Codec("zstd", 3, 2)), NS, KEY)
+    assert framing.kept_as(plain, Codec()) and framing.kept_as(plain, Codec("none", 5, 0))
+    assert framing.kept_as(packed, Codec("zstd", 9, 2))
+    assert not framing.kept_as(packed, Codec("zstd", 3, 4))
+    assert not framing.kept_as(plain, Codec("zstd"))
