@@ -29,7 +29,6 @@ from time import perf_counter
 from typing import Any, Literal
 
 from kvtier.block import framing
-from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
 from kvtier.chain.cost import LoadDecision
@@ -41,7 +40,7 @@ from kvtier.chain.traffic import DEFAULT_BACKLOG_BYTES, Traffic
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
 from kvtier.plugins.registry import BackendRegistry, default_registry
-from kvtier.spec import MAX_KEY_SIZE, BytesLike, ClosedError, CorruptBlockError
+from kvtier.spec import MAX_KEY_SIZE, BytesLike, ClosedError
 
 __all__ = ["Chain", "JobResult", "open_chain"]
 
@@ -101,6 +100,12 @@ def _one_frame(parts: Sequence[BytesLike]) -> BytesLike:
     if len(parts) == 1 and isinstance(parts[0], bytes):
         return parts[0]
     return b"".join(parts)
+
+
+def _frames(index: int, offered: list[int]) -> list[framing.Checked | None] | None:
+    """Where a read of tier ``index`` puts the frames of its hits: none for the first
+    tier, which has nothing above it to promote them into."""
+    return [None] * len(offered) if index else None
 
 
 def _writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
@@ -220,18 +225,15 @@ class Chain:
         Into ``out`` when given (then the answer is ``b""``), else as new bytes.
         """
         tier = self.tiers[index]
-        buffer = None
         if out is None:
-            try:
-                buffer = bytearray(framing.parse_header(blob, self._ns, key).raw_len)
-            except CorruptBlockError:
-                tier.stats.add(corrupt=1)
-                return None
-            out = memoryview(buffer)
+            payload = tier.decode_bytes(key, blob, held=False)
+            if payload is not None:
+                tier.stats.add(hits=1, bytes_out=len(payload))
+            return payload
         if not tier.decode(key, blob, out, held=False):
             return None
         tier.stats.add(hits=1, bytes_out=out.nbytes)
-        return b"" if buffer is None else bytes(buffer)
+        return b""
 
     # writes -------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> list[bool]:
@@ -248,19 +250,21 @@ class Chain:
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys = [keys[i] for i in offered]
+            # the frame this tier stores serves a tier below of the same codec;
+            # joined once, before the put, it is the copy the queue needs anyway
+            same = self._traffic.writes_through(index) and self.tiers[index + 1].codec == tier.codec
             flags, evicted, frames = tier.put_payloads(
-                sub_keys, [payloads[i] for i in offered], self._traffic.evicted_sink(index)
+                sub_keys, [payloads[i] for i in offered], self._traffic.evicted_sink(index),
+                join=same,
             )
 
             def frame_below(j: int) -> BytesLike:
-                # the frame this tier stored serves the tier below if their
-                # codecs agree; the join is the copy the queue needs anyway
-                codec = self.tiers[index + 1].codec
-                if codec == tier.codec:
+                if same:
                     return _one_frame(frames[j])
+                codec = self.tiers[index + 1].codec
                 return framing.encode(self._ns, sub_keys[j], payloads[offered[j]], codec)
 
-            self._traffic.settle(index, sub_keys, flags, evicted, "put", frame_below, trusted=True)
+            self._traffic.settle(index, sub_keys, flags, evicted, "put", frame_below, verify=False)
             return flags
 
         misses = set(self._walk(range(len(keys)), step))
@@ -284,12 +288,12 @@ class Chain:
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
             flags, evicted = tier.put_blobs(
-                sub_keys, sub_blobs, self._traffic.evicted_sink(index), trusted=not verify
+                sub_keys, sub_blobs, self._traffic.evicted_sink(index), verify=verify
             )
             # a copy for the queue: the caller may reuse its buffers
             self._traffic.settle(
                 index, sub_keys, flags, evicted, "put", lambda j: bytes(sub_blobs[j]),
-                trusted=not verify,
+                verify=verify,
             )
             return flags
 
@@ -316,12 +320,12 @@ class Chain:
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             start = perf_counter()  # every read teaches the tier's cost model
-            flags = tier.get_into([keys[i] for i in offered], [outs[i] for i in offered])
+            frames = _frames(index, offered)
+            flags = tier.get_into([keys[i] for i in offered], [outs[i] for i in offered], frames)
             self._load.observe(
                 index, flags, [outs[i].nbytes for i in offered], perf_counter() - start
             )
-            hits = [i for i, flag in zip(offered, flags) if flag]
-            self._promote(index, [keys[i] for i in hits], payloads=[outs[i] for i in hits])
+            self._promote(index, keys, offered, frames, outs)
             return flags
 
         misses, queued = self._read_walk(keys, step)
@@ -345,17 +349,15 @@ class Chain:
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             start = perf_counter()
-            payloads = tier.get_payloads([keys[i] for i in offered])
+            frames = _frames(index, offered)
+            payloads = tier.get_payloads([keys[i] for i in offered], frames)
             self._load.observe(
                 index, [p is not None for p in payloads], [len(p or b"") for p in payloads],
                 perf_counter() - start,
             )
-            hits = [(i, p) for i, p in zip(offered, payloads) if p is not None]
-            for i, payload in hits:
+            for i, payload in zip(offered, payloads):
                 found[i] = payload
-            self._promote(
-                index, [keys[i] for i, _ in hits], payloads=[memoryview(p) for _, p in hits]
-            )
+            self._promote(index, keys, offered, frames, found)
             return [p is not None for p in payloads]
 
         for i, index, blob in self._read_walk(keys, step)[1]:
@@ -372,11 +374,11 @@ class Chain:
         found: list[BytesLike | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
-            blobs = tier.get_blobs([keys[i] for i in offered], counted=True)
-            hits = [(i, b) for i, b in zip(offered, blobs) if b is not None]
-            for i, blob in hits:
+            frames = _frames(index, offered)
+            blobs = tier.get_blobs([keys[i] for i in offered], counted=True, frames=frames)
+            for i, blob in zip(offered, blobs):
                 found[i] = blob
-            self._promote(index, [keys[i] for i, _ in hits], blobs=[b for _, b in hits])
+            self._promote(index, keys, offered, frames)
             return [b is not None for b in blobs]
 
         for i, index, blob in self._read_walk(keys, step)[1]:
@@ -387,36 +389,22 @@ class Chain:
     def _promote(
         self,
         source: int,
-        keys: list[bytes],
-        *,
-        payloads: Sequence[memoryview] = (),
-        blobs: Sequence[BytesLike] = (),
+        keys: Sequence[bytes],
+        offered: list[int],
+        frames: list[framing.Checked | None] | None,
+        payloads: Sequence[BytesLike | None] | None = None,
     ) -> None:
-        """Copy hits of tier ``source`` up into the tiers above that take promotions.
-
-        From checked ``payloads`` (a read into the caller's buffers): framed
-        once per codec, trusted.  From ``blobs`` (frames as another tier
-        stored them): one copy serves every target, and each target checks
-        it and re-encodes it if its codec differs.
-        """
-        targets = [
-            i for i in range(source) if self.tiers[i].config.promote and self.tiers[i].healthy
-        ]
-        if not keys or not targets:
+        """Promote the hits of tier ``source`` (``frames[j]`` for item ``offered[j]``),
+        with their decoded payloads where the read has them (:meth:`Traffic.promote`)."""
+        if not frames:
             return
-        if blobs:
-            owned: list[BytesLike] = [bytes(b) for b in blobs]
-            for index in targets:
-                self._traffic.submit(index, keys, owned, "promote")
+        hits = [(i, f) for i, f in zip(offered, frames) if f is not None]
+        if not hits:
             return
-        framed: dict[Codec, list[BytesLike]] = {}
-        for index in targets:
-            codec = self.tiers[index].codec
-            if codec not in framed:
-                framed[codec] = [
-                    framing.encode(self._ns, k, p, codec) for k, p in zip(keys, payloads)
-                ]
-            self._traffic.submit(index, keys, framed[codec], "promote", trusted=True)
+        decoded = None if payloads is None else [payloads[i] or b"" for i, _ in hits]
+        self._traffic.promote(
+            source, [keys[i] for i, _ in hits], [f for _, f in hits], decoded
+        )
 
     def lookup(self, keys: Sequence[bytes]) -> list[int | None]:
         """Per key, the index of the first tier holding it, or None."""

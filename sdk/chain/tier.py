@@ -178,6 +178,8 @@ class Tier:
         keys: Sequence[bytes],
         payloads: Sequence[BytesLike],
         evicted: Evicted | None = None,
+        *,
+        join: bool = False,
     ) -> tuple[list[bool], Evicted, list[Sequence[BytesLike]]]:
         """Frame and store raw payloads.
 
@@ -186,7 +188,10 @@ class Tier:
         each block's frame in parts (``(header, stored payload)``, or the one
         ``bytes`` the backend was given), so a caller writing the same block
         to more tiers need not frame it again.  A stored payload may be the
-        caller's buffer itself (codec ``none``).
+        caller's buffer itself (codec ``none``).  ``join``: the caller keeps
+        the frames (to write them through below), so each is joined into one
+        ``bytes`` here and that object is what the backend gets: a backend
+        that copies gather lists in (host) would join it a second time.
         """
         evicted = [] if evicted is None else evicted
         if not keys:
@@ -199,7 +204,7 @@ class Tier:
                 framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
             ]
         frames = list(parts)
-        if self.handle.implements("kvtier_put_parts"):
+        if self.handle.implements("kvtier_put_parts") and not join:
             result = self._call(
                 "put", lambda: self.handle.put_parts(keys, parts, evicted), len(keys)
             )
@@ -216,24 +221,31 @@ class Tier:
         blobs: Sequence[BytesLike],
         evicted: Evicted | None = None,
         *,
-        trusted: bool = False,
+        verify: bool = True,
+        headers: Sequence[framing.Header | None] = (),
     ) -> tuple[list[bool], Evicted]:
         """Store already framed blocks, re-encoding those whose codec differs from the tier's.
 
-        A ``trusted`` frame is one whose payload needs no checksum here: made
-        by this process from a checked payload microseconds ago, or one the
-        caller leaves to be checked when it is read.  Its header is still
-        parsed and checked (its codec decides whether to re-encode).
+        ``verify``: check each payload's checksum here, where the tier's own
+        ``verify`` is on.  A caller passes False for a frame this process made
+        from a checked payload, one checked as it was read, or one it leaves
+        to be checked when read: that frame is stored with the checksum it
+        came with.  A frame re-encoded for this tier's codec is checked first
+        all the same (:func:`~kvtier.block.framing.recode`).  ``headers``: the
+        frames' parsed headers, where the caller has them (else each is parsed).
         """
         evicted = [] if evicted is None else evicted
         if not keys:
             return [], evicted
-        verify = self.verify and not trusted
+        verify = self.verify and verify
         ready: list[bytes] = []
         kept: list[bytes] = []
-        for key, blob in zip(keys, blobs):
+        for i, (key, blob) in enumerate(zip(keys, blobs)):
+            header = headers[i] if headers else None
             try:
-                ready.append(framing.recode(blob, self._ns, key, self.codec, verify=verify))
+                ready.append(
+                    framing.recode(blob, self._ns, key, self.codec, verify=verify, header=header)
+                )
                 kept.append(key)
             except CorruptBlockError:
                 self.stats.add(corrupt=1)
@@ -264,8 +276,18 @@ class Tier:
         return flags
 
     # reads --------------------------------------------------------------------
-    def get_into(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
-        """Fill ``outs[i]`` with the payload of ``keys[i]``; False where missing or bad."""
+    def get_into(
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        frames: list[framing.Checked | None] | None = None,
+    ) -> list[bool]:
+        """Fill ``outs[i]`` with the payload of ``keys[i]``; False where missing or bad.
+
+        ``frames``: a list of ``len(keys)`` filled with each hit's frame as
+        read, checked (for promotion: a frame that moves on as it is needs no
+        new header and no second checksum pass).
+        """
         n = len(keys)
         if not n:
             return []
@@ -275,7 +297,9 @@ class Tier:
             fallback = []
             for lo, hi in self._cache_sized(outs):
                 sub_found = [False] * (hi - lo)
-                missed = self._get_into_direct(keys[lo:hi], outs[lo:hi], sub_found)
+                missed = self._get_into_direct(
+                    keys[lo:hi], outs[lo:hi], sub_found, frames, lo
+                )
                 found[lo:hi] = sub_found
                 fallback.extend(lo + j for j in missed)
         if fallback:
@@ -283,8 +307,12 @@ class Tier:
             blobs = self._call("get", lambda: self.handle.get(sub_keys), len(sub_keys))
             if blobs is not None:
                 for i, blob in zip(fallback, blobs):
-                    if blob is not None:
-                        found[i] = self.decode(keys[i], blob, outs[i])
+                    if blob is None:
+                        continue
+                    header = self._decode(keys[i], blob, outs[i], True)
+                    found[i] = header is not None
+                    if header is not None and frames is not None:
+                        frames[i] = framing.Checked((blob,), header, self.verify)
         self._count_reads(found, outs)
         return found
 
@@ -298,21 +326,41 @@ class Tier:
         block, and dropping it would take it from every other reader (through
         a ``peer`` tier, from every client of the node).
         """
+        return self._decode(key, blob, out, held) is not None
+
+    def _decode(
+        self, key: bytes, blob: BytesLike, out: memoryview, held: bool
+    ) -> framing.Header | None:
+        """:meth:`decode`, answering the block's header where it was served."""
         try:
             header = framing.parse_header(blob, self._ns, key)
             if header.raw_len != out.nbytes:
                 stored = memoryview(blob).cast("B")[header.size :]
                 framing.check_payload(header, stored, self.verify)  # sound, or corrupt
                 self._wrong_size(key, header.raw_len, out.nbytes)
-                return False
+                return None
             framing.decode_into(blob, self._ns, key, out, verify=self.verify, header=header)
-            return True
+            return header
         except CorruptBlockError as exc:
-            if held:
-                self._corrupt(key, exc)
-            else:
-                self.stats.add(corrupt=1)
-            return False
+            self._rejected(key, exc, held)
+            return None
+
+    def decode_bytes(self, key: bytes, blob: BytesLike, *, held: bool = True) -> bytes | None:
+        """Check ``blob`` and return its payload as new ``bytes``; None where damaged.
+
+        Its header is parsed once (:func:`~kvtier.block.framing.decode`).
+        """
+        try:
+            return framing.decode(blob, self._ns, key, verify=self.verify).payload
+        except CorruptBlockError as exc:
+            self._rejected(key, exc, held)
+            return None
+
+    def _rejected(self, key: bytes, exc: CorruptBlockError, held: bool) -> None:
+        if held:
+            self._corrupt(key, exc)
+        else:
+            self.stats.add(corrupt=1)
 
     def _reads_direct(self) -> bool:
         """Whether reads scatter blocks straight into the caller's buffers.
@@ -354,9 +402,18 @@ class Tier:
         return runs
 
     def _get_into_direct(
-        self, keys: Sequence[bytes], outs: Sequence[memoryview], found: list[bool]
+        self,
+        keys: Sequence[bytes],
+        outs: Sequence[memoryview],
+        found: list[bool],
+        frames: list[framing.Checked | None] | None,
+        first: int,
     ) -> list[int]:
-        """Scatter-read uncompressed blocks straight into ``outs``; return what needs get()."""
+        """Scatter-read uncompressed blocks straight into ``outs``; return what needs get().
+
+        Each hit's frame goes to ``frames[first + i]`` when given, as its
+        header and the caller's buffer.
+        """
         heads = [
             bytearray(framing.header_size(self._ns, k, o.nbytes)) for k, o in zip(keys, outs)
         ]
@@ -386,36 +443,44 @@ class Tier:
                 found[i] = True
             except CorruptBlockError as exc:
                 self._corrupt(keys[i], exc)
+                continue
+            if frames is not None:
+                frames[first + i] = framing.Checked((heads[i], outs[i]), header, self.verify)
         return fallback
 
-    def get_payloads(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Payloads of unknown size, decoded into new ``bytes`` (one extra copy)."""
+    def get_payloads(
+        self, keys: Sequence[bytes], frames: list[framing.Checked | None] | None = None
+    ) -> list[bytes | None]:
+        """Payloads of unknown size as new ``bytes``; ``frames`` as for :meth:`get_into`."""
         if not keys:
             return []
         blobs = self._call("get", lambda: self.handle.get(keys), len(keys))
         out: list[bytes | None] = []
-        for key, blob in zip(keys, blobs or [None] * len(keys)):
-            payload = None
+        for i, (key, blob) in enumerate(zip(keys, blobs or [None] * len(keys))):
+            payload: bytes | None = None
             if blob is not None:
                 try:
-                    raw_len = framing.parse_header(blob, self._ns, key).raw_len
-                    buffer = bytearray(raw_len)
-                    # checked as it is copied (one pass where the C extension is built)
-                    framing.decode_into(
-                        blob, self._ns, key, memoryview(buffer), verify=self.verify
-                    )
-                    payload = bytes(buffer)
+                    payload, header = framing.decode(blob, self._ns, key, verify=self.verify)
+                    if frames is not None:
+                        frames[i] = framing.Checked((blob,), header, self.verify)
                 except CorruptBlockError as exc:
                     self._corrupt(key, exc)
             out.append(payload)
         self._count_reads([p is not None for p in out], [memoryview(p or b"") for p in out])
         return out
 
-    def get_blobs(self, keys: Sequence[bytes], *, counted: bool = False) -> list[BytesLike | None]:
+    def get_blobs(
+        self,
+        keys: Sequence[bytes],
+        *,
+        counted: bool = False,
+        frames: list[framing.Checked | None] | None = None,
+    ) -> list[BytesLike | None]:
         """Framed blocks as stored, header checked (for moving between tiers).
 
         ``counted``: count hits, misses and payload bytes served, as the
         other reads do; moving blocks between tiers is not a read.
+        ``frames`` as for :meth:`get_into`.
         """
         if not keys:
             return []
@@ -435,6 +500,8 @@ class Tier:
                 continue
             out[i] = blob
             served += header.raw_len
+            if frames is not None:
+                frames[i] = framing.Checked((blob,), header, self.verify)
         if counted:
             hits = sum(b is not None for b in out)
             self.stats.add(hits=hits, misses=len(out) - hits, bytes_out=served)

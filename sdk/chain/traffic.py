@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
+from kvtier.block import framing
+from kvtier.block.framing import Checked, Codec, Header
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.spec import BytesLike
@@ -83,7 +85,8 @@ class Traffic:
         self.queued = Queued()  # blocks on their way down: readable meanwhile
         self.unsaved = Unsaved(self._keeps_unsaved(i) for i in range(len(self.tiers)))
 
-    def _writes_through(self, index: int) -> bool:
+    def writes_through(self, index: int) -> bool:
+        """Whether what tier ``index`` stores is written through to the tier below."""
         return index + 1 < len(self.tiers) and self.tiers[index + 1].config.write == "through"
 
     def _writes_back(self, index: int) -> bool:
@@ -102,25 +105,26 @@ class Traffic:
         kind: WriteKind,
         frame_below: Callable[[int], BytesLike],
         *,
-        trusted: bool,
+        verify: bool,
     ) -> None:
         """Settle a finished write into tier ``index``: every write's results go here.
 
         Marks what a RAM tier must save below at close, sends capacity
         victims down, tells listeners, and writes what was stored through
         to the tier below when its policy asks (``frame_below(j)`` is the
-        frame for ``keys[j]``).  Promoted copies go no further down: they
-        came from there.
+        frame for ``keys[j]``; ``verify``: whether the tier below checks its
+        checksum, see :meth:`Tier.put_blobs`).  Promoted copies go no further
+        down: they came from there.
         """
         stored = [j for j, flag in enumerate(flags) if flag]
         if kind != "promote":
             self.unsaved.mark(index, (keys[j] for j in stored), True)
         self._handle_evicted(index, evicted)
         self._emit("stored", index, (keys[j] for j in stored), kind)
-        if stored and kind != "promote" and self._writes_through(index):
+        if stored and kind != "promote" and self.writes_through(index):
             self.submit(
                 index + 1, [keys[j] for j in stored], [frame_below(j) for j in stored],
-                "through", trusted=trusted,
+                "through", verify=verify,
             )
 
     def evicted_sink(self, index: int) -> Evicted:
@@ -138,6 +142,66 @@ class Traffic:
             )
         self._emit("removed", index, (k for k, _ in evicted), "capacity")
 
+    # promotion --------------------------------------------------------------------
+    def promote(
+        self,
+        source: int,
+        keys: Sequence[bytes],
+        frames: Sequence[Checked],
+        payloads: Sequence[BytesLike] | None = None,
+    ) -> None:
+        """Copy hits of tier ``source`` up into the tiers above that take promotions.
+
+        A tier that stores a frame as it is (the same codec) gets the frame as
+        it was read: no new header, no second checksum pass, and one copy at
+        most (none where the read gave ``bytes``).  A frame read without
+        verification keeps the checksum it was read with, so a tier above
+        that verifies still checks it when it reads it.  A tier with another
+        codec gets a frame encoded from the read's checked ``payloads``, or
+        re-encoded from the frame, which its put checks first.
+        """
+        targets = [
+            i for i in range(source) if self.tiers[i].config.promote and self.tiers[i].healthy
+        ]
+        if not keys or not targets:
+            return
+        owned: list[BytesLike | None] = [None] * len(keys)
+        made: dict[Codec, tuple[list[BytesLike], list[Header | None]]] = {}
+        for index in targets:
+            codec = self.tiers[index].codec
+            if codec not in made:
+                made[codec] = self._frames_for(codec, source, keys, frames, owned, payloads)
+            blobs, headers = made[codec]
+            self.submit(index, list(keys), blobs, "promote", verify=False, headers=headers)
+
+    def _frames_for(
+        self,
+        codec: Codec,
+        source: int,
+        keys: Sequence[bytes],
+        frames: Sequence[Checked],
+        owned: list[BytesLike | None],
+        payloads: Sequence[BytesLike] | None,
+    ) -> tuple[list[BytesLike], list[Header | None]]:
+        """Promoted frames for a tier of ``codec``, with their headers where known;
+        ``owned`` caches each read frame, copied out of the caller's buffer once."""
+        ns = self.tiers[source].namespace.fingerprint
+        blobs: list[BytesLike] = []
+        headers: list[Header | None] = []
+        for j, frame in enumerate(frames):
+            if payloads is not None and frame.verified and not framing.kept_as(frame.header, codec):
+                blobs.append(framing.encode(ns, keys[j], payloads[j], codec))
+                headers.append(None)
+                continue
+            own = owned[j]
+            if own is None:
+                parts = frame.parts
+                one = parts[0] if len(parts) == 1 else None
+                own = owned[j] = one if isinstance(one, bytes) else b"".join(parts)
+            blobs.append(own)
+            headers.append(frame.header)
+        return blobs, headers
+
     # the writers ------------------------------------------------------------------
     def submit(
         self,
@@ -146,12 +210,14 @@ class Traffic:
         blobs: list[BytesLike],
         kind: WriteKind,
         *,
-        trusted: bool = False,
+        verify: bool = True,
+        headers: Sequence[Header | None] = (),
     ) -> bool:
         """Queue framed blocks for tier ``index``; promotions never wait for room.
 
         A block written through stays readable from the queue until it lands,
-        like a demotion: the tier above may evict it before then.
+        like a demotion: the tier above may evict it before then.  ``verify``
+        and ``headers`` (each frame's, parsed already) go to :meth:`Tier.put_blobs`.
         """
         nbytes = sum(memoryview(b).nbytes for b in blobs)
         if not self._backlogs[index].acquire(nbytes, block=kind != "promote"):
@@ -161,7 +227,9 @@ class Traffic:
             self.queued.add(index, zip(keys, blobs))
         self.pending.start()
         try:
-            self._writers[index].submit(self._write, index, keys, blobs, kind, trusted, nbytes)
+            self._writers[index].submit(
+                self._write, index, keys, blobs, kind, verify, headers, nbytes
+            )
         except RuntimeError:  # executor shut down: the chain is closing
             self._write_done(index, keys, blobs, nbytes)
             return False
@@ -173,13 +241,14 @@ class Traffic:
         keys: list[bytes],
         blobs: list[BytesLike],
         kind: WriteKind,
-        trusted: bool,
+        verify: bool,
+        headers: Sequence[Header | None],
         nbytes: int,
     ) -> None:
         tier = self.tiers[index]
         try:
             flags, evicted = tier.put_blobs(
-                keys, blobs, self.evicted_sink(index), trusted=trusted
+                keys, blobs, self.evicted_sink(index), verify=verify, headers=headers
             )
             stored = sum(flags)
             if kind == "demote":
@@ -188,7 +257,7 @@ class Traffic:
                 tier.stats.add(promoted=stored)
             if stored < len(flags) and not tier.healthy:
                 tier.stats.add(dropped=len(flags) - stored)
-            self.settle(index, keys, flags, evicted, kind, blobs.__getitem__, trusted=trusted)
+            self.settle(index, keys, flags, evicted, kind, blobs.__getitem__, verify=verify)
         except Exception:  # a bug here must not kill the worker silently
             log.exception("kvtier: asynchronous %s write to tier %r failed", kind, tier.name)
         finally:
