@@ -263,7 +263,8 @@ class Tier:
         evicted: Evicted,
         sizes: Sequence[int],
     ) -> list[bool]:
-        if result is None:
+        if result is None:  # the put raised, or the tier's writes are backed off
+            self.stats.add(failed=len(keys))
             return [False] * len(keys)
         flags = [bool(r) for r in result]
         stored = sum(flags)
@@ -545,7 +546,14 @@ class Tier:
         if not keys:
             return []
         result = self._call("evict", lambda: self.handle.evict(keys), len(keys))
-        return [False] * len(keys) if result is None else [bool(r) for r in result]
+        if result is None:
+            return [False] * len(keys)
+        removed = [bool(r) for r in result]
+        if any(removed):
+            # room was freed: a store that failed for want of it (ENOSPC, a
+            # quota) may go through now, so the next put tries at once
+            self.write_health.ok()
+        return removed
 
     def scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         """Batches of the blocks the store holds in ``namespace`` (``None``: every one).

@@ -37,6 +37,7 @@ COUNTERS = (
     ("bytes_in", "written_bytes", "payload bytes written to the tier"),
     ("bytes_out", "served_bytes", "payload bytes served by the tier"),
     ("errors", "errors", "backend faults"),
+    ("failed", "failed_blocks", "blocks of stores that raised or met the write back-off"),
     ("corrupt", "corrupt_blocks", "blocks rejected by a format or checksum check"),
     ("size_mismatch", "size_mismatches",
      "sound blocks of another size than the reader's buffer (a miss, the block kept)"),

@@ -64,7 +64,8 @@ class TierStats:
     hits: int = 0
     misses: int = 0
     puts: int = 0  # blocks stored (including skipped duplicates)
-    refused: int = 0  # blocks the backend would not take (too large)
+    refused: int = 0  # blocks the backend answered False for (too large, no room, a block fault)
+    failed: int = 0  # blocks of puts that raised or met the tier's write back-off
     bytes_in: int = 0  # payload bytes written to the tier
     bytes_out: int = 0  # payload bytes served from the tier
     errors: int = 0  # backend faults (exceptions)
