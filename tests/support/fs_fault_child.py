@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -39,6 +42,20 @@ def payload(i: int) -> bytes:
 def keys(n: int, tag: int = 1) -> list[bytes]:
     """Keys whose files lie in directories of their own (the first two bytes differ)."""
     return [bytes([tag, i]) + b"-fault" for i in range(n)]
+
+
+def without_dac(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` without DAC override where this process has it (root); for the tests."""
+    import pytest
+
+    if os.geteuid() == 0:
+        capsh = shutil.which("capsh")
+        if capsh is None:
+            pytest.skip("capsh (libcap2-bin) is needed to drop DAC override as root")
+        inner = " ".join(shlex.quote(part) for part in command)
+        command = [capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c",
+                   f"exec {inner}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
 def open_chain(directory: str, **fs: Any) -> Any:
