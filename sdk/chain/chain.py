@@ -277,9 +277,9 @@ class Chain:
 
         Each blob's header must match this chain's namespace and the key, or
         it is refused (False).  With ``verify`` false, payload checksums are
-        not checked here but left to the reads (each tier checks what it
-        reads, unless configured not to); a blob that is ``bytes`` is then
-        stored without a copy.  Tiers below follow their write policies.
+        left to the reads (each tier checks what it reads, unless configured
+        not to), and a ``bytes`` blob is stored uncopied; a blob re-encoded for
+        a tier's codec is checked all the same.  Tiers below follow their policies.
         """
         self._check_open()
         keys = _check_keys(keys)

@@ -83,6 +83,7 @@ def decode_all_ways(blob: bytes, size: int) -> None:
     for call in (
         lambda: framing.decode_into(blob, NS, KEY, memoryview(bytearray(size))),
         lambda: framing.parse_header(blob, NS, KEY),
+        lambda: framing.decode(blob, NS, KEY),
         lambda: framing.recode(blob, NS, KEY, framing.Codec("zstd", 1, 4), verify=True),
         lambda: framing.recode(blob, NS, KEY, framing.Codec("none"), verify=False),
     ):
