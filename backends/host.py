@@ -27,6 +27,7 @@ from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from ._batch import joined, nbytes, own, parts_nbytes, scatter
 from .eviction import EVICTION_POLICIES, Policy, new_policy
+from .sizing import Sizer
 
 __all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
 
@@ -34,6 +35,11 @@ __all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
 def _positive(size: int) -> None:
     if size <= 0:
         raise ValueError(f"must be a positive size, got {size}")
+
+
+def _share(value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"must be a share from 0 to 1, got {value}")
 
 
 _OPTIONS: Mapping[str, Option] = {
@@ -47,6 +53,9 @@ _OPTIONS: Mapping[str, Option] = {
     "prefault": Option("size", "Bytes of process memory touched at open, so that the first "
                        "blocks land in mapped pages (at most the capacity; 0: none).",
                        default="128MiB"),
+    "sizing_sample": Option("float", "Share of keys fed to miniature simulations that estimate "
+                            "the hit ratio at 0.5x, 2x and 4x the capacity (stats' "
+                            "sizing_hit_ratio_*; 0: off).", default=0.01, check=_share),
 }
 
 _B = TypeVar("_B")
@@ -138,6 +147,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         self._eviction = "lru"
         self._max_block_size: int | None = None
         self._limit = 0  # largest block admitted: min(capacity, max_block_size)
+        self._sizer: Sizer | None = None
 
     # lifecycle -------------------------------------------------------------
     def _open(self, options: Mapping[str, Any], namespace: str) -> None:
@@ -149,6 +159,8 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         eviction: str = options["eviction"]
         with self._lock:
             self._policy = new_policy(eviction, capacity)
+            sample: float = options["sizing_sample"]
+            self._sizer = Sizer(eviction, capacity, sample) if sample > 0 else None
             _tune_malloc(capacity)
             _prefault(min(options["prefault"], capacity))
             self._eviction = eviction
@@ -169,7 +181,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
                 extra={"eviction": self._eviction},
             )
 
-    def _stats(self) -> dict[str, int]:
+    def _stats(self) -> dict[str, int | float]:
         with self._lock:
             policy = self._live()
             return {
@@ -178,6 +190,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
                 "capacity_bytes": policy.capacity,
                 "evictions": policy.evictions,
                 **policy.extra_stats(),
+                **(self._sizer.stats() if self._sizer is not None else {}),
             }
 
     def _close(self) -> None:
@@ -198,6 +211,8 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
     def _get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         with self._lock:
             access = self._live().access
+            if self._sizer is not None:
+                self._sizer.got(keys)
             return [access(key) for key in keys]
 
     def _get_into(
@@ -205,6 +220,8 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
     ) -> list[int | None]:
         with self._lock:
             access = self._live().access
+            if self._sizer is not None:
+                self._sizer.got(keys)
             found = [access(key) for key in keys]
         # Stored bytes are never mutated, so copying outside the lock is safe
         # even if another thread evicts them meanwhile.
@@ -268,17 +285,20 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         evicted: Evicted,
     ) -> list[bool]:
         stored: list[bool] = []
+        sizes = [size_of(block) for block in blocks]
         with self._lock:
             policy = self._live()
             limit = self._limit
-            for key, block in zip(keys, blocks, strict=True):
+            for key, block, size in zip(keys, blocks, sizes, strict=True):
                 if policy.access(key) is not None:
                     stored.append(True)  # immutable per key: keep what is there
-                elif size_of(block) > limit:
+                elif size > limit:
                     stored.append(False)
                 else:
                     # Copied under the lock so a key already stored costs no copy;
                     # the GIL would serialise the memcpy anyway.
                     policy.admit(key, to_bytes(block), evicted)
                     stored.append(True)
+            if self._sizer is not None:
+                self._sizer.stored(keys, sizes, limit)
         return stored

@@ -19,7 +19,8 @@ def test_entry_point_options_and_hooks() -> None:
     optional = ("kvtier_put_parts", "kvtier_get_into", "kvtier_tamper")
     assert all(handle.implements(hook) for hook in optional)
     opts = handle.options()
-    assert set(opts) == {"capacity", "eviction", "max_block_size", "prefault"}
+    assert set(opts) == {"capacity", "eviction", "max_block_size", "prefault", "sizing_sample"}
+    assert opts["sizing_sample"].type == "float" and opts["sizing_sample"].default == 0.01
     assert opts["prefault"].type == "size" and opts["prefault"].default == "128MiB"
     assert opts["capacity"].type == "size" and opts["capacity"].required
     assert opts["capacity"].help
@@ -42,6 +43,8 @@ def test_capabilities_and_initial_stats(eviction: str) -> None:
         expected["arc_p"] = 0
     if eviction == "s3fifo":
         expected["s3fifo_small_bytes"] = 0
+    expected.update({f"sizing_hit_ratio_{m}x": 0.0 for m in ("0.5", "1", "2", "4")})
+    expected.update({"sizing_gets": 0, "sizing_sample": 0.01})
     assert stats == expected
     handle.close()
 

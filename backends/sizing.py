@@ -1,0 +1,119 @@
+"""Online sizing: the hit ratio a tier would have at other capacities, while it serves.
+
+SHARDS-style (Waldspurger et al., FAST 2015): keys whose xxh3-64 hash falls
+below ``sample`` of the hash space are fed to miniature copies of the tier's
+own eviction policy (:mod:`kvtier.backends.eviction`), each ``sample`` times
+the size of the tier at ½x, 1x, 2x and 4x its capacity.  They hold key and
+size only, so their memory is about ``sample x 7.5`` times the tier's block
+count in keys.  A hash is the same for every occurrence of a key, so a kept
+key keeps all its reuse, and a miniature of ``sample x capacity`` bytes sees
+the reuse a tier of ``capacity`` bytes would.  The 1x miniature checks the
+estimate against the tier's real hit ratio.
+
+Gets are the references: a get that finds its key in a miniature is a hit
+of it, and a put stores the key (a put of a key held is a use), as the host
+tier counts.  A miniature of fewer than a few hundred blocks is noisy, so the
+rate is raised, for the tier's life, to hold at least :data:`MIN_BLOCKS` of
+its first block's size at 1x; the miniatures start at that first put, and
+gets before it (misses at any size, the tier being empty) are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from .eviction import new_policy
+
+__all__ = ["MIN_BLOCKS", "MULTIPLIERS", "Sizer"]
+
+#: Capacities the miniatures simulate, as multiples of the tier's.
+MULTIPLIERS = (0.5, 1.0, 2.0, 4.0)
+#: Blocks of its first size the 1x miniature holds at least (raising the rate).
+MIN_BLOCKS = 256
+_HASH_SPACE = 1 << 64
+
+
+class _Sized:
+    """A miniature's payload: a length and nothing else."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Sizer:
+    """Miniature simulations of one tier; callers serialise the calls (the tier's lock)."""
+
+    def __init__(self, eviction: str, capacity: int, sample: float) -> None:
+        self.eviction, self.capacity, self.sample = eviction, capacity, sample
+        self._limit = 0
+        self._minis: list[Any] = []
+        self._hits = [0] * len(MULTIPLIERS)
+        self._gets = 0  # sampled gets
+        self._all = 0  # every get since the miniatures started
+        self._sink: list[Any] = []
+
+    def _start(self, size: int) -> None:
+        """Size the miniatures once the first block's size is known."""
+        wanted = MIN_BLOCKS * max(size, 1) / self.capacity
+        self.sample = min(1.0, max(self.sample, wanted))
+        self._limit = int(self.sample * _HASH_SPACE)
+        self._minis = [new_policy(self.eviction, max(1, int(self.capacity * m * self.sample)))
+                       for m in MULTIPLIERS]
+
+    def got(self, keys: Sequence[bytes]) -> None:
+        """Gets of ``keys``: the references the hit ratios count."""
+        if not self._minis:
+            return
+        hash_key, limit, hits = xxhash.xxh3_64_intdigest, self._limit, self._hits
+        self._all += len(keys)
+        for key in keys:
+            if hash_key(key) < limit:
+                self._gets += 1
+                for i, mini in enumerate(self._minis):
+                    if mini.access(key) is not None:
+                        hits[i] += 1
+
+    def stored(self, keys: Sequence[bytes], sizes: Sequence[int], limit: int) -> None:
+        """Puts of ``keys`` of ``sizes`` bytes; larger than ``limit``: refused (a key held
+        is a use)."""
+        if not self._minis and sizes:
+            self._start(sizes[0])
+        hash_key, sampled, sink = xxhash.xxh3_64_intdigest, self._limit, self._sink
+        largest = limit
+        for key, size in zip(keys, sizes, strict=True):
+            if size > largest or hash_key(key) >= sampled:
+                continue
+            for mini in self._minis:
+                if mini.access(key) is None and size <= mini.capacity:
+                    mini.admit(key, _Sized(size), sink)
+                    sink.clear()
+
+    def stats(self) -> dict[str, float]:
+        """``sizing_hit_ratio_<m>x`` per multiplier, the gets they count and the rate.
+
+        SHARDS-adj: a few hot keys carry most hits, and whether each falls in
+        the sample moves every estimate alike.  The sampled gets are compared
+        with the expected ``sample x gets``, and the difference counted as
+        hits (references a hot key would have made) or taken from them
+        (figures: BENCHMARKS.md, "Online sizing").
+        """
+        expected = self._all * self.sample
+        deficit = expected - self._gets
+        out: dict[str, float] = {
+            f"sizing_hit_ratio_{m:g}x": (
+                min(1.0, max(0.0, hits + deficit) / expected) if expected else 0.0
+            )
+            for m, hits in zip(MULTIPLIERS, self._hits, strict=True)
+        }
+        gets = self._gets
+        out["sizing_gets"] = gets
+        out["sizing_sample"] = self.sample
+        return out
