@@ -54,6 +54,7 @@ from .index import load_tree, save_index
 from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
 from .open import check_url, open_store, redact
+from .pool import POOL_OPTIONS, PoolStore, attach
 from .scan import scan_store
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -121,6 +122,7 @@ OPTIONS: Mapping[str, Option] = {
         default={},
         secret=True,
     ),
+    **POOL_OPTIONS,
 }
 
 
@@ -172,6 +174,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         try:
             store.create_root()
             store.probe()
+            store = attach(store, options, namespace)  # shared capacity: .pool
         except Exception as exc:
             raise BackendError(
                 f"fs tier {self._url}: cannot create or write {store.nsroot}: {exc}"
@@ -191,6 +194,9 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             self._pool = None
             self._raise(exc, "scan")
         self._adopt(*found)
+        if isinstance(store, PoolStore):
+            store.pool.adopt(found[0], store)
+            self._ledger.capacity = None  # the pool's, for every process together
 
     def _adopt(self, index: OrderedDict[bytes, int], stale: int, rescanned: int) -> None:
         with self._lock:
@@ -208,7 +214,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             persistent=not self._store.memory,
             shared=not self._store.memory,
             thread_safe=True,
-            capacity=self._ledger.capacity,
+            capacity=(self._store.pool.capacity if isinstance(self._store, PoolStore)
+                      else self._ledger.capacity),
             reports_evictions=True,
             extra={"eviction": "lru", "local": self._store.local, "io_threads": self._threads},
         )
@@ -229,6 +236,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             }
             if ledger.capacity is not None:
                 stats["capacity_bytes"] = ledger.capacity
+        if isinstance(self._store, PoolStore):
+            stats.update(self._store.pool.stats())
         return stats
 
     def _close(self) -> None:
@@ -245,6 +254,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+            if isinstance(self._store, PoolStore):
+                self._store.pool.close()
 
     def _save_index(self, keys: list[bytes], sizes: list[int],
                     pool: ThreadPoolExecutor | None) -> None:
@@ -283,7 +294,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         sizes: list[int],
         evicted: Evicted,
     ) -> list[bool]:
-        if len(keys) == 1:
+        if len(keys) == 1 and not isinstance(self._store, PoolStore):
             done = self._put_one(keys[0], parts[0], sizes[0])
             if done is not None:
                 return [done]
@@ -298,6 +309,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 for i, key in enumerate(keys):
                     results[i] = results[first[key]]
             return results
+        if isinstance(self._store, PoolStore):
+            plan = self._pool_place(keys, parts, sizes, plan, results, evicted)
         store, fsync = self._store, self._fsync
 
         def write(i: int) -> int:
@@ -363,6 +376,57 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             ledger.release(size)
             ledger.admit(key, stored)
         return True
+
+    def _pool_place(
+        self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], sizes: list[int],
+        plan: list[int], results: list[bool], evicted: Evicted,
+    ) -> list[int]:
+        """Take room in the shared pool (:mod:`.pool`) for the blocks ``plan`` writes;
+        answer those to write.  A block refused is False, one the pool holds is True."""
+        store = self._store
+        assert isinstance(store, PoolStore)
+        verdicts = store.pool.reserve([keys[i] for i in plan], [sizes[i] for i in plan],
+                                      lambda victims: self._drop(victims, evicted))
+        kept = []
+        with self._lock:
+            for i, verdict in zip(plan, verdicts, strict=True):
+                if verdict == "new":
+                    kept.append(i)
+                    continue
+                self._ledger.release(sizes[i])
+                results[i] = verdict in ("have", "pushed")
+                if verdict == "pushed":  # stored and evicted at once: reported like one
+                    evicted.append((keys[i], joined(parts[i])))
+                    self._ledger.evictions += 1
+                elif results[i]:
+                    self._ledger.admit(keys[i], sizes[i])
+        return kept
+
+    def _drop(self, victims: list[tuple[str, bytes]], evicted: Evicted) -> list[bool]:
+        """Delete the pool's victims, whoever wrote them; answer which are gone.  Those
+        of this namespace are read first and reported in ``evicted`` once gone."""
+        store = self._store
+        assert isinstance(store, PoolStore)
+        ns = store.pool.ns
+        own = [key for space, key in victims if space == ns]
+        total = 0
+        with self._lock:
+            self._ledger.doom(own)
+        try:
+            # a fault of one file is a block fault (.faults): that victim stays, counted
+            found = dict(zip(own, self._each(store.read, own, None, "evict")[0], strict=True))
+            gone = self._each(store.remove_victim, victims, False, "evict")[0]
+            for (space, key), ok in zip(victims, gone, strict=True):
+                data = found.get(key) if space == ns and ok else None
+                if data is not None:  # None: unreadable, or deleted by an explicit evict
+                    evicted.append((key, data))
+                    total += len(data)
+        finally:
+            with self._lock:
+                self._ledger.undoom(own)
+                self._ledger.evictions += len(own)
+                self._ledger.evicted_bytes += total
+        return gone
 
     def _report_victims(
         self,
@@ -452,6 +516,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 raise self.closed_error()
             self._ledger.doom(unique)
         try:
+            if isinstance(self._store, PoolStore):
+                self._store.pool.forget(unique)
             # unlink even keys this process never saw: another may have written them
             removed = self._each(self._store.remove, unique, False, "evict block")[0]
         finally:
@@ -495,7 +561,10 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         with self._lock:
             if not self.is_open:
                 raise self.closed_error()
-            return self._ledger.touch(keys), self._ledger.deletions
+            known = self._ledger.touch(keys), self._ledger.deletions
+        if isinstance(self._store, PoolStore):
+            self._store.pool.touch(keys)  # a use, whichever process wrote them
+        return known
 
     def _reconcile(
         self,

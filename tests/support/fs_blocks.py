@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtier.backends.fs.local import LocalStore
+from kvtier.backends.fs.pool import DB_NAME
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import BytesLike
 
@@ -42,8 +43,10 @@ def block_path(url: str, key: bytes, namespace: str = NS) -> str:
 
 
 def files_under(url: str) -> list[str]:
+    """Every file under a local root but the shared pool's index (``.kvtier-pool.db*``)."""
     root = url.removeprefix("file://")
-    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                  if not f.startswith(DB_NAME))
 
 
 def as_bytes(data: BytesLike | None) -> bytes | None:

