@@ -31,6 +31,7 @@ from typing import Any, Literal
 from kvtier.block import framing
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
+from kvtier.chain.admission import Seen
 from kvtier.chain.cost import LoadDecision
 from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.jobs import JobResult, Jobs
@@ -147,7 +148,9 @@ class Chain:
                 tier.close()
             self._record.close()
             raise
-        self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
+        # counts of calls per key, where a tier admits only blocks seen enough (admit: N)
+        self._seen = Seen() if any(t.admit > 1 for t in config.tiers) else None
+        self._traffic = Traffic(self.tiers, backlog_bytes, self._emit, self._seen)
         self._load = LoadDecision(config.load, len(self.tiers), namespace.tokens_per_block)
         self._jobs = Jobs(job_workers)
         self._listeners = Listeners()  # see add_listener
@@ -166,6 +169,12 @@ class Chain:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _saw(self, op: str, keys: Sequence[bytes]) -> None:
+        """A caller's call named ``keys``: recorded (record:) and counted (admit:)."""
+        self._record(op, keys)
+        if self._seen is not None:
+            self._seen.note(keys)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -246,7 +255,7 @@ class Chain:
         self._check_open()
         keys = _check_keys(keys)
         payloads = _byte_views(blocks, len(keys))
-        self._record("put", keys)
+        self._saw("put", keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys = [keys[i] for i in offered]
@@ -316,7 +325,7 @@ class Chain:
         self._check_open()
         keys = _check_keys(keys)
         outs = _writable(out, len(keys))
-        self._record("get", keys)
+        self._saw("get", keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             start = perf_counter()  # every read teaches the tier's cost model
@@ -344,7 +353,7 @@ class Chain:
         """
         self._check_open()
         keys = _check_keys(keys)
-        self._record("get", keys)
+        self._saw("get", keys)
         found: list[bytes | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
@@ -410,7 +419,7 @@ class Chain:
         """Per key, the index of the first tier holding it, or None."""
         self._check_open()
         keys = _check_keys(keys)
-        self._record("lookup", keys)
+        self._saw("lookup", keys)
         where: list[int | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:

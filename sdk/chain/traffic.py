@@ -22,6 +22,7 @@ from typing import Literal
 
 from kvtier.block import framing
 from kvtier.block.framing import Checked, Codec, Header
+from kvtier.chain.admission import Seen
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.spec import BytesLike
@@ -73,9 +74,12 @@ class Unsaved:
 class Traffic:
     """The asynchronous writes between the tiers of one chain."""
 
-    def __init__(self, tiers: Sequence[Tier], backlog_bytes: int, emit: Emit) -> None:
+    def __init__(
+        self, tiers: Sequence[Tier], backlog_bytes: int, emit: Emit, seen: Seen | None = None
+    ) -> None:
         self.tiers = tiers
         self._emit = emit
+        self._seen = seen  # call counts per key, for tiers with admit > 1
         self._writers = [
             ThreadPoolExecutor(t.config.workers, thread_name_prefix=f"kvtier-{t.name}")
             for t in self.tiers
@@ -122,10 +126,24 @@ class Traffic:
         self._handle_evicted(index, evicted)
         self._emit("stored", index, (keys[j] for j in stored), kind)
         if stored and kind != "promote" and self.writes_through(index):
-            self.submit(
-                index + 1, [keys[j] for j in stored], [frame_below(j) for j in stored],
-                "through", verify=verify,
-            )
+            stored = self._admitted(index + 1, keys, stored)
+            if stored:
+                self.submit(
+                    index + 1, [keys[j] for j in stored], [frame_below(j) for j in stored],
+                    "through", verify=verify,
+                )
+
+    def _admitted(self, index: int, keys: Sequence[bytes], offered: Iterable[int]) -> list[int]:
+        """Of ``keys[j]`` for ``j`` in ``offered``, those tier ``index``'s ``admit`` lets in."""
+        need = self.tiers[index].config.admit
+        offered = list(offered)
+        if need <= 1 or self._seen is None:
+            return offered
+        count = self._seen.count
+        kept = [j for j in offered if count(keys[j]) >= need]
+        if len(kept) < len(offered):
+            self.tiers[index].stats.add(not_admitted=len(offered) - len(kept))
+        return kept
 
     def evicted_sink(self, index: int) -> Evicted:
         """The list a put into tier ``index`` reports its capacity victims in."""
@@ -137,9 +155,15 @@ class Traffic:
         self.unsaved.mark(index, (k for k, _ in evicted), False)
         if self._writes_back(index):
             self.queued.add(index + 1, evicted)
-            self.submit(
-                index + 1, [k for k, _ in evicted], [b for _, b in evicted], "demote"
-            )
+            keys = [k for k, _ in evicted]
+            kept = self._admitted(index + 1, keys, range(len(keys)))
+            if len(kept) < len(keys):  # no longer on their way down: gone from the chain
+                left = set(kept)
+                out = [evicted[j] for j in range(len(keys)) if j not in left]
+                self.queued.landed(index + 1, [k for k, _ in out], [b for _, b in out])
+            if kept:
+                self.submit(index + 1, [keys[j] for j in kept],
+                            [evicted[j][1] for j in kept], "demote")
         self._emit("removed", index, (k for k, _ in evicted), "capacity")
 
     # promotion --------------------------------------------------------------------

@@ -88,6 +88,8 @@ class TierConfig:
     promote: bool = field(default=True, metadata=_tier_key("bool"))
     verify: bool = field(default=True, metadata=_tier_key("bool"))
     workers: int = field(default=2, metadata=_tier_key("int"))
+    #: Calls that must have named a key before traffic writes its block here.
+    admit: int = field(default=1, metadata=_tier_key("int"))
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()
@@ -511,10 +513,11 @@ class _Validator:
 
     def tier_keys(self, entry: Mapping[str, Any], path: str, first: bool) -> dict[str, Any]:
         """The keys every tier takes (:data:`TIER_KEYS`) that the entry sets, parsed."""
-        if first and entry.get("write") is not None:
-            with self.collect():
-                self.fail(f"{path}.write", "'write' has no meaning on the first tier "
-                          "(it sets how a tier is written from the tier above)")
+        for below_only in ("write", "admit"):
+            if first and entry.get(below_only) is not None:
+                with self.collect():
+                    self.fail(f"{path}.{below_only}", f"'{below_only}' has no meaning on the "
+                              "first tier (it sets how a tier is written from the tier above)")
         kw: dict[str, Any] = {}
         for tier_key in _TIER_FIELDS[2:]:  # name and backend are read apart
             key, kind = tier_key.name, tier_key.metadata["kind"]
@@ -537,6 +540,10 @@ class _Validator:
             if not 1 <= workers <= 64:
                 del kw["workers"]
                 self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {workers}")
+        with self.collect():
+            if kw.get("admit", 1) < 1:
+                del kw["admit"]
+                self.fail(f"{path}.admit", "expected 1 (write every block) or more calls")
         return kw
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:

@@ -75,6 +75,7 @@ class TierStats:
     demoted: int = 0  # blocks written here on eviction from the tier above
     promoted: int = 0  # blocks copied here from a tier below on a hit
     dropped: int = 0  # asynchronous writes abandoned (tier unhealthy)
+    not_admitted: int = 0  # blocks not written here: their keys seen fewer times than admit
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     latency: dict[str, LatencyHistogram] = field(default_factory=dict, repr=False)
 
