@@ -5,8 +5,9 @@ backend's policy objects, on a null data path) at many capacities and
 reports miss-ratio curves, the infinite-cache ceiling, Belady's bound,
 prefill tokens saved, blocks written below RAM, and a chain to paste.
 
-May import ``kvtier.backends`` (the policies it replays) and ``kvtier.plugins``
-(size parsing); nothing in the data path imports it.
+May import ``kvtier.backends`` (the policies it replays), ``kvtier.chain`` (its
+admission sketch) and ``kvtier.plugins`` (size parsing); nothing in the data
+path imports it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 
 import click
 from rich.markup import escape
@@ -12,6 +13,7 @@ from rich.table import Table
 from kvtier.backends.eviction import EVICTION_POLICIES
 from kvtier.plugins.options import parse_size
 
+from .below import BelowPoint, replay_below
 from .chart import write_chart
 from .report import default_capacities, make_plan, recommend
 from .trace import BLOCK_TOKENS, Trace, generate, read_trace, write_mooncake
@@ -55,12 +57,20 @@ def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
               help="KV bytes per token (default: Llama-3.1-8B, bf16).")
 @click.option("--belady/--no-belady", default=True, show_default=True,
               help="Compute Belady's bound at each capacity.")
+@click.option("--below", type=click.IntRange(min=1), metavar="BLOCKS",
+              help="Also replay each capacity as RAM over an LRU tier of BLOCKS below it, "
+                   "with the chain's admission (see --admit).")
+@click.option("--admit", "admits", multiple=True, type=click.IntRange(min=1),
+              help="admit: N values to compare with --below (repeat; default: 1 and 3).")
+@click.option("--write", type=click.Choice(["back", "through"]), default="back",
+              show_default=True, help="How the tier of --below is written.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--chart", type=click.Path(dir_okay=False), help="Write the curves as a PNG.")
 def plan_command(
     trace: str | None, generated: str | None, save_trace: str | None, policies: tuple[str, ...],
     capacities: tuple[int, ...], ram: str | None, block_tokens: int, bytes_per_token: int,
-    belady: bool, as_json: bool, chart: str | None,
+    belady: bool, below: int | None, admits: tuple[int, ...], write: str, as_json: bool,
+    chart: str | None,
 ) -> None:
     """Replay TRACE through kvtier's eviction policies at many capacities: what each byte buys.
 
@@ -80,10 +90,17 @@ def plan_command(
     started = time.perf_counter()
     plan = make_plan(loaded, policies or EVICTION_POLICIES, caps, block_bytes, belady, ram_blocks)
     seconds = time.perf_counter() - started
+    policy = max(plan.curves, key=lambda name: sum(p.prefix_hits for p in plan.curves[name]))
+    rows = [replay_below(loaded, policy, cap, below, write, n)
+            for cap in plan.capacities for n in (admits or (1, 3))] if below else []
     if as_json:
-        click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3)}, indent=1))
+        click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3),
+                               "below": [{**asdict(r), "prefix_ratio": r.prefix_ratio}
+                                         for r in rows]}, indent=1))
     else:
         _print(plan, seconds)
+        if rows:
+            _print_below(rows, policy)
     if chart:
         why = write_chart(plan, chart)
         click.echo(why or f"chart: {chart}", err=bool(why))
@@ -126,6 +143,20 @@ def _print(plan: object, seconds: float) -> None:
     out.print(table)
     out.print("recommended chain:")
     out.print(escape(recommend(plan)), highlight=False)
+
+
+def _print_below(rows: list[BelowPoint], policy: str) -> None:
+    from kvtier.cli.output import console
+
+    table = Table(title=f"RAM ({policy}) over {rows[0].below:,} blocks below, "
+                        f"write: {rows[0].write}, by admit")
+    for column in ("RAM blocks", "admit", "prefix hit ratio", "from RAM", "from below",
+                   "written below"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(f"{r.ram:,}", str(r.admit), f"{r.prefix_ratio:.1%}", f"{r.from_ram:,}",
+                      f"{r.from_below:,}", f"{r.written_below:,}")
+    console().print(table)
 
 
 def _gib(nbytes: int) -> str:

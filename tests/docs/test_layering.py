@@ -19,7 +19,7 @@ ALLOWED = {
     "sdk/observe": {"config", "spec"},
     "sdk/chain": {"block", "config", "observe", "plugins", "spec"},
     "sdk/peer": {"block", "chain", "config", "plugins", "spec"},
-    "sdk/plan": {"backends", "plugins"},
+    "sdk/plan": {"backends", "chain", "plugins"},
 }
 _IMPORT = re.compile(r"^(?:from|import) kvtier\.(\w+)", re.M)
 

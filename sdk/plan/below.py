@@ -1,0 +1,106 @@
+"""A RAM tier over one tier below, replayed with the chain's admission (``admit: N``).
+
+Each request makes the calls an engine makes: a lookup of all its blocks,
+a get of the cached prefix, a put of the rest.  Each call is counted in the
+chain's own sketch (:class:`kvtier.chain.admission.Seen`).  A prefix block
+found below is read from there and promoted into RAM; blocks RAM evicts go
+below (``write: back``) if admitted, or blocks RAM stores go below at once
+(``write: through``) if admitted.  The tier below evicts LRU, as the fs tier
+does.  Capacities are in blocks of one size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.backends.eviction import new_policy
+from kvtier.chain.admission import Seen
+
+from .curves import BLOCK_SCALE
+from .trace import Trace
+
+__all__ = ["BelowPoint", "replay_below"]
+
+
+class _Null:
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return BLOCK_SCALE
+
+
+_PAYLOAD = _Null()
+
+
+def _key_bytes(key: int) -> bytes:
+    """The bytes a trace's key stands for in the chain's sketch."""
+    return (key & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little")
+
+
+@dataclass(frozen=True)
+class BelowPoint:
+    ram: int
+    below: int
+    write: str
+    admit: int
+    references: int
+    from_ram: int  # prefix blocks RAM served
+    from_below: int  # prefix blocks the tier below served
+    written_below: int  # blocks written to the tier below
+
+    @property
+    def prefix_ratio(self) -> float:
+        return (self.from_ram + self.from_below) / self.references if self.references else 0.0
+
+
+def replay_below(
+    trace: Trace, eviction: str, ram: int, below: int, write: str = "back", admit: int = 1
+) -> BelowPoint:
+    """Replay ``trace`` through RAM (``eviction``, ``ram`` blocks) over an LRU tier of ``below``."""
+    top: Any = new_policy(eviction, ram * BLOCK_SCALE)
+    low: Any = new_policy("lru", below * BLOCK_SCALE)
+    seen = Seen()
+    evicted: list[Any] = []
+    from_ram = from_below = written = 0
+
+    def write_below(keys: list[int]) -> None:
+        nonlocal written
+        for key in keys:
+            if admit > 1 and seen.count(_key_bytes(key)) < admit:
+                continue
+            if low.access(key) is None:  # a key held below keeps its block: no write
+                low.admit(key, _PAYLOAD, [])
+                written += 1
+
+    def store(key: int, promoted: bool = False) -> None:
+        if top.access(key) is not None:
+            return
+        top.admit(key, _PAYLOAD, evicted)
+        if write == "through" and not promoted:  # promotions go no further down
+            write_below([key])
+        elif write == "back" and evicted:
+            write_below([k for k, _ in evicted])
+        evicted.clear()
+
+    for request in trace.requests:
+        keys = list(request.keys)
+        as_bytes = [_key_bytes(k) for k in keys]
+        seen.note(as_bytes)  # the lookup
+        prefix = 0
+        for key in keys:
+            if top.access(key) is not None:
+                from_ram += 1
+            elif low.access(key) is not None:
+                from_below += 1
+                store(key, promoted=True)
+            else:
+                break
+            prefix += 1
+        if prefix:
+            seen.note(as_bytes[:prefix])  # the get
+        if prefix < len(keys):
+            seen.note(as_bytes[prefix:])  # the put
+            for key in keys[prefix:]:
+                store(key)
+    return BelowPoint(ram, below, write, admit, trace.references, from_ram, from_below, written)
