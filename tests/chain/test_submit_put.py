@@ -116,3 +116,25 @@ def test_a_buffer_changed_before_the_job_read_it_is_refused(
         assert tiers_hold(chain) == [[None, None], [None, None]]
         assert [t["corrupt"] for t in chain.stats()["tiers"]] == [0, 0]
     assert "2 of 3 block(s) changed after submit_put" in caplog.text
+
+
+def test_a_held_put_stores_the_buffers_as_put_would_without_a_checksum_at_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sums_at_call: list[int] = []
+    real_digest = framing.digest
+
+    def counting_digest(view: Any) -> int:
+        sums_at_call.append(1)
+        return real_digest(view)
+
+    monkeypatch.setattr(framing, "digest", counting_digest)
+    buffer, array = buffers()
+    with open_chain(ram_and_disk(tmp_path), namespace=NS) as chain:
+        job = chain.submit_put(KEYS, [buffer, array], held=True)
+        assert sums_at_call == []  # the engine holds its buffers: no pass over them here
+        assert results_of(chain, job) == [[True, True]]
+        assert chain.get_bytes(KEYS) == [BEFORE, BEFORE]
+        assert chain.flush(timeout=30)
+    with open_chain(ram_and_disk(tmp_path), namespace=NS) as chain:
+        assert chain.get_bytes(KEYS) == [BEFORE, BEFORE]  # through to disk, exact
