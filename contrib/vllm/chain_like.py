@@ -26,7 +26,9 @@ class ChainLike(Protocol):
 
     def submit_lookup(self, keys: Sequence[bytes]) -> int: ...
 
-    def submit_put(self, keys: Sequence[bytes], blocks: Sequence[memoryview]) -> int: ...
+    def submit_put(
+        self, keys: Sequence[bytes], blocks: Sequence[memoryview], *, held: bool = False
+    ) -> int: ...
 
     def submit_get(self, keys: Sequence[bytes], out: Sequence[memoryview]) -> int: ...
 
@@ -63,7 +65,9 @@ class UnopenedChain:
     def submit_lookup(self, keys: Sequence[bytes]) -> int:
         return self._job("lookup", [None] * len(keys))
 
-    def submit_put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> int:
+    def submit_put(
+        self, keys: Sequence[bytes], blocks: Sequence[Any], *, held: bool = False
+    ) -> int:
         return self._job("put", [False] * len(keys))
 
     def submit_get(self, keys: Sequence[bytes], out: Sequence[Any]) -> int:

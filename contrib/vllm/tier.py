@@ -403,7 +403,10 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             if damaged and not self.closed:
                 self._replace(job, damaged, chain_keys, rows)
                 return
-            self._submit_locked(job, lambda: self.chain.submit_put(chain_keys, rows), now)
+            # vLLM holds a chunk being stored (its ref_cnt) until the job is done
+            self._submit_locked(
+                job, lambda: self.chain.submit_put(chain_keys, rows, held=True), now
+            )
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         now = time.monotonic()
