@@ -156,7 +156,8 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     fresh = default_registry().create("fs")
     opts = fresh.options()
     assert set(opts) == {
-        "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options"
+        "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options",
+        "pool", "capacity_scope", "min_free", "pool_lease",
     }
     assert opts["url"].required
     assert opts["storage_options"].secret
