@@ -34,8 +34,9 @@ check it against a transcription of the paper's four cases).
 
 ``s3fifo`` is S3-FIFO (Yang et al., SOSP 2023), frequency-aware: blocks used
 once leave from a small queue, blocks used again live in a main one
-(:class:`S3Fifo`).  ``kvtier plan`` compares the three on a trace
-(docs/sizing.md).
+(:class:`S3Fifo`).  ``adaptive`` runs the three as miniatures on sampled keys
+and follows the one that hits most (:class:`Adaptive`).  ``kvtier plan``
+compares them on a trace (docs/sizing.md).
 
 An explicit ``kvtier_evict`` leaves no ghost: the caller asked for it, so it
 says nothing about the cache being too small.
@@ -45,14 +46,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
+
+import xxhash
 
 from kvtier.spec.base import Evicted
 
-__all__ = ["EVICTION_POLICIES", "POLICIES", "Accounting", "Arc", "Lru", "Policy", "S3Fifo",
-           "new_policy"]
+__all__ = ["EVICTION_POLICIES", "POLICIES", "Accounting", "Adaptive", "Arc", "Lru", "Policy",
+           "S3Fifo", "new_policy"]
 
-EVICTION_POLICIES = ("lru", "arc", "s3fifo")
+EVICTION_POLICIES = ("lru", "arc", "s3fifo", "adaptive")
 
 
 class Accounting:
@@ -86,6 +89,10 @@ class Lru(Accounting):
 
     def sizes(self) -> list[tuple[bytes, int]]:
         return [(key, len(data)) for key, data in self._blocks.items()]
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """Blocks held, the first to leave first (as an adaptive policy hands them on)."""
+        return list(self._blocks.items())
 
     def holds(self, keys: Sequence[bytes]) -> list[bool]:
         blocks = self._blocks  # `in` on the dict: no method call per key
@@ -162,8 +169,10 @@ class Arc(Accounting):
         return data if data is not None else self._t2.get(key)
 
     def sizes(self) -> list[tuple[bytes, int]]:
-        held = [*self._t1.items(), *self._t2.items()]
-        return [(key, len(data)) for key, data in held]
+        return [(key, len(data)) for key, data in self.items()]
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return [*self._t1.items(), *self._t2.items()]
 
     def holds(self, keys: Sequence[bytes]) -> list[bool]:
         t1, t2 = self._t1, self._t2
@@ -295,8 +304,10 @@ class S3Fifo(Accounting):
         return data if data is not None else self._main.get(key)
 
     def sizes(self) -> list[tuple[bytes, int]]:
-        held = [*self._small.items(), *self._main.items()]
-        return [(key, len(data)) for key, data in held]
+        return [(key, len(data)) for key, data in self.items()]
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return [*self._small.items(), *self._main.items()]
 
     def holds(self, keys: Sequence[bytes]) -> list[bool]:
         small, main = self._small, self._main
@@ -383,8 +394,132 @@ class S3Fifo(Accounting):
             ghosts.drop_oldest()
 
 
-Policy: TypeAlias = "Lru | Arc | S3Fifo"
-POLICIES: Mapping[str, Callable[[int], Policy]] = {"lru": Lru, "arc": Arc, "s3fifo": S3Fifo}
+class _Sized:
+    """A miniature's payload: a length and nothing else."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _hash64(key: bytes | int) -> int:
+    """A key's 64-bit hash, the same in every process (plan replays int keys)."""
+    if isinstance(key, int):  # splitmix64's finaliser
+        z = (key + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+        return z ^ (z >> 31)
+    return xxhash.xxh3_64_intdigest(key)
+
+
+class Adaptive:
+    """Follows whichever of lru, arc and s3fifo hits most on the recent traffic.
+
+    Keys sampled by hash (at least :data:`SAMPLE`, raised so a miniature holds
+    256 blocks of the first block's size) feed a miniature of each candidate
+    at the tier's capacity, scaled by the sample, as in online sizing.  Every
+    :data:`EPOCH` sampled uses the candidate with the most hits, its hits
+    halved at each epoch so the past fades, takes over if it beats the policy
+    in charge by :data:`MARGIN`: the blocks held are handed to a new object of
+    that policy in the order the old one would have evicted them.  Every
+    access and admit is a reference for the miniatures, gets and puts alike.
+    """
+
+    CANDIDATES = ("lru", "arc", "s3fifo")
+    SAMPLE = 0.01
+    EPOCH = 2000
+    MARGIN = 1.02
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.leader = 0  # index in CANDIDATES
+        self._policy: Lru | Arc | S3Fifo = Lru(capacity)
+        self._earlier_evictions = 0
+        self._limit = 0
+        self._minis: list[Any] = []
+        self._scores = [0.0] * len(self.CANDIDATES)
+        self._uses = 0
+        self.switches = 0
+        self._sink: list[Any] = []
+
+    @property
+    def used(self) -> int:
+        return self._policy.used
+
+    @property
+    def evictions(self) -> int:
+        return self._earlier_evictions + self._policy.evictions
+
+    def __len__(self) -> int:
+        return len(self._policy)
+
+    def peek(self, key: bytes) -> bytes | None:
+        return self._policy.peek(key)
+
+    def sizes(self) -> list[tuple[bytes, int]]:
+        return self._policy.sizes()
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        return self._policy.holds(keys)
+
+    def remove(self, key: bytes) -> bytes | None:
+        return self._policy.remove(key)
+
+    def rewrite(self, key: bytes, data: bytes) -> None:
+        self._policy.rewrite(key, data)
+
+    def shed(self, evicted: Evicted) -> None:
+        self._policy.shed(evicted)
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"adaptive_leader": self.leader, "adaptive_switches": self.switches}
+
+    def access(self, key: bytes) -> bytes | None:
+        if self._minis and _hash64(key) < self._limit:
+            for i, mini in enumerate(self._minis):
+                if mini.access(key) is not None:
+                    self._scores[i] += 1
+            self._uses += 1
+            if self._uses >= self.EPOCH:
+                self._decide()
+        return self._policy.access(key)
+
+    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
+        if not self._minis:
+            sample = min(1.0, max(self.SAMPLE, 256 * max(len(data), 1) / self.capacity))
+            self._limit = int(sample * (1 << 64))
+            size = max(1, int(self.capacity * sample))
+            self._minis = [POLICIES[name](size) for name in self.CANDIDATES]
+        if _hash64(key) < self._limit:
+            sink = self._sink
+            for mini in self._minis:
+                if mini.access(key) is None and len(data) <= mini.capacity:
+                    mini.admit(key, _Sized(len(data)), sink)
+                    sink.clear()
+        self._policy.admit(key, data, evicted)
+
+    def _decide(self) -> None:
+        scores = self._scores
+        best = max(range(len(scores)), key=scores.__getitem__)
+        if best != self.leader and scores[best] > scores[self.leader] * self.MARGIN:
+            successor = POLICIES[self.CANDIDATES[best]](self.capacity)
+            for key, data in self._policy.items():
+                successor.admit(key, data, [])  # the same bytes fit the same capacity
+            self._earlier_evictions += self._policy.evictions
+            self._policy, self.leader = successor, best
+            self.switches += 1
+        self._scores = [score / 2 for score in scores]
+        self._uses = 0
+
+
+Policy: TypeAlias = "Lru | Arc | S3Fifo | Adaptive"
+POLICIES: Mapping[str, Callable[[int], Policy]] = {
+    "lru": Lru, "arc": Arc, "s3fifo": S3Fifo, "adaptive": Adaptive,
+}
 
 
 def new_policy(eviction: str, capacity: int) -> Policy:

@@ -46,7 +46,8 @@ _OPTIONS: Mapping[str, Option] = {
     "capacity": Option("size", "Bytes of block data held in RAM (sum of block sizes), e.g. 8GiB.",
                        required=True, check=_positive),
     "eviction": Option("str", "Which block to drop when full: lru, arc (resists one-off "
-                       "scans), or s3fifo (frequency-aware: one-hit blocks leave first).",
+                       "scans), s3fifo (frequency-aware: one-hit blocks leave first), or "
+                       "adaptive (follows whichever of the three hits most lately).",
                        default="lru", choices=EVICTION_POLICIES),
     "max_block_size": Option("size", "Refuse larger blocks (default: only the capacity limits).",
                              default=None, check=_positive),

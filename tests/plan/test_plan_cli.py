@@ -65,7 +65,7 @@ def test_plan_json_reports_curves_bounds_and_a_chain_that_loads(tmp_path: Path) 
     assert plan["capacities"] == [50, 400]
     lru = lru_curve(trace, [50, 400])
     assert [row["prefix_hits"] for row in plan["curves"]["lru"]] == [p.prefix_hits for p in lru]
-    assert set(plan["curves"]) == {"lru", "arc", "s3fifo"}
+    assert set(plan["curves"]) == {"lru", "arc", "s3fifo", "adaptive"}
     ceiling = plan["ceiling"]["prefix_hits"]
     for name, rows in plan["curves"].items():
         assert all(row["prefix_hits"] <= ceiling for row in rows), name

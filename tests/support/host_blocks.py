@@ -14,7 +14,7 @@ from kvtier.plugins.registry import BackendHandle, default_registry
 
 NS = "0123456789abcdef0123456789abcdef"
 MiB = 1024 * 1024
-POLICIES = ("lru", "arc", "s3fifo")
+POLICIES = ("lru", "arc", "s3fifo", "adaptive")
 
 
 def open_host(capacity: int | str, eviction: str = "lru", **extra: object) -> BackendHandle:

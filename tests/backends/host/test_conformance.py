@@ -25,6 +25,14 @@ class TestHostArc(BackendTests):
         return {"capacity": "2MiB", "eviction": "arc", "max_block_size": "1MiB"}
 
 
+class TestHostAdaptive(BackendTests):
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "2MiB", "eviction": "adaptive", "max_block_size": "1MiB"}
+
+
 class TestHostS3Fifo(BackendTests):
     backend = "host"
 

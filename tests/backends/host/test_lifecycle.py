@@ -25,7 +25,7 @@ def test_entry_point_options_and_hooks() -> None:
     assert opts["capacity"].type == "size" and opts["capacity"].required
     assert opts["capacity"].help
     assert opts["eviction"].type == "str"
-    assert opts["eviction"].choices == ("lru", "arc", "s3fifo")
+    assert opts["eviction"].choices == ("lru", "arc", "s3fifo", "adaptive")
     assert opts["eviction"].default == "lru"
     assert opts["max_block_size"].type == "size" and opts["max_block_size"].default is None
 
@@ -43,6 +43,8 @@ def test_capabilities_and_initial_stats(eviction: str) -> None:
         expected["arc_p"] = 0
     if eviction == "s3fifo":
         expected["s3fifo_small_bytes"] = 0
+    if eviction == "adaptive":
+        expected.update({"adaptive_leader": 0, "adaptive_switches": 0})
     expected.update({f"sizing_hit_ratio_{m}x": 0.0 for m in ("0.5", "1", "2", "4")})
     expected.update({"sizing_gets": 0, "sizing_sample": 0.01})
     assert stats == expected
