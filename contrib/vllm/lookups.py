@@ -21,7 +21,7 @@ from ._compat import LookupResult
 from .chain_like import ChainLike
 from .tier_metrics import AdapterCounters
 
-__all__ = ["HIT", "MISS", "LookupVerdicts"]
+__all__ = ["HIT", "MISS", "LookupVerdicts", "worth_loading"]
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -100,13 +100,18 @@ class LookupVerdicts:
             return
         self._in_flight[job] = batch
 
-    def answered(self, job_id: int, where: list[Any] | None, now: float) -> None:
-        """A lookup job's result (None: it failed, every key a miss)."""
+    def answered(
+        self, job_id: int, where: list[Any] | None, now: float, chain: Any = None
+    ) -> None:
+        """A lookup job's result (None: it failed, every key a miss); held keys the
+        ``chain``'s load policy finds faster to recompute are misses."""
         batch = self._in_flight.pop(job_id, None)
         if batch is None:
             return
         if where is None:
             where = [None] * len(batch)
+        elif chain is not None:
+            where = worth_loading(chain, where)
         for (key, probe), tier in zip(batch, where):
             if self._probes.get(key) is probe and probe.state == _IN_FLIGHT:
                 probe.state = MISS if tier is None else HIT
@@ -139,3 +144,26 @@ class LookupVerdicts:
     def drop_in_flight(self) -> None:
         """Forget the lookup jobs in the chain (it closed: their answers will not come)."""
         self._in_flight.clear()
+
+
+def worth_loading(chain: Any, where: list[Any]) -> list[Any]:
+    """``where`` (a lookup job's answer: per key, the tier holding it) with the held
+    keys that the chain's ``load_policy`` finds faster to recompute as ``None``.
+
+    A job gathers keys of several requests, so there is no one prefix to weigh:
+    each tier's keys are weighed together, as one load of that many blocks (a
+    latency that many blocks share counts once), and the first ones that pay
+    are kept.  A chain without the policy (a stand-in while unopened) keeps all.
+    """
+    weigh = getattr(chain, "worth_loading", None)
+    if weigh is None:
+        return where
+    by_tier: dict[int, list[int]] = {}
+    for i, tier in enumerate(where):
+        if tier is not None:
+            by_tier.setdefault(tier, []).append(i)
+    out = list(where)
+    for tier, held in by_tier.items():
+        for i in held[weigh([tier] * len(held)) :]:
+            out[i] = None
+    return out

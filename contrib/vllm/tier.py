@@ -506,7 +506,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             if res.error is not None:
                 log.warning("kvtier %s job failed: %r", res.kind, res.error)
             if res.kind == "lookup":
-                self._verdicts.answered(res.job_id, res.result if res.error is None else None, now)
+                self._verdicts.answered(
+                    res.job_id, res.result if res.error is None else None, now, self.chain
+                )
                 continue
             job = self._jobs.pop(res.job_id, None)
             if job is None:
