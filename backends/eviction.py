@@ -53,7 +53,7 @@ import xxhash
 from kvtier.spec.base import Evicted
 
 __all__ = ["EVICTION_POLICIES", "POLICIES", "Accounting", "Adaptive", "Arc", "Lru", "Policy",
-           "S3Fifo", "new_policy"]
+           "S3Fifo", "Sized", "new_policy"]
 
 EVICTION_POLICIES = ("lru", "arc", "s3fifo", "adaptive")
 
@@ -394,8 +394,8 @@ class S3Fifo(Accounting):
             ghosts.drop_oldest()
 
 
-class _Sized:
-    """A miniature's payload: a length and nothing else."""
+class Sized:
+    """A payload that is a length and nothing else: miniatures and replays store it."""
 
     __slots__ = ("n",)
 
@@ -414,6 +414,12 @@ def _hash64(key: bytes | int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
         return z ^ (z >> 31)
     return xxhash.xxh3_64_intdigest(key)
+
+
+#: The fixed policies an adaptive one chooses among.
+_FIXED: Mapping[str, Callable[[int], Lru | Arc | S3Fifo]] = {
+    "lru": Lru, "arc": Arc, "s3fifo": S3Fifo,
+}
 
 
 class Adaptive:
@@ -493,12 +499,12 @@ class Adaptive:
             sample = min(1.0, max(self.SAMPLE, 256 * max(len(data), 1) / self.capacity))
             self._limit = int(sample * (1 << 64))
             size = max(1, int(self.capacity * sample))
-            self._minis = [POLICIES[name](size) for name in self.CANDIDATES]
+            self._minis = [_FIXED[name](size) for name in self.CANDIDATES]
         if _hash64(key) < self._limit:
             sink = self._sink
             for mini in self._minis:
                 if mini.access(key) is None and len(data) <= mini.capacity:
-                    mini.admit(key, _Sized(len(data)), sink)
+                    mini.admit(key, Sized(len(data)), sink)
                     sink.clear()
         self._policy.admit(key, data, evicted)
 
@@ -506,7 +512,7 @@ class Adaptive:
         scores = self._scores
         best = max(range(len(scores)), key=scores.__getitem__)
         if best != self.leader and scores[best] > scores[self.leader] * self.MARGIN:
-            successor = POLICIES[self.CANDIDATES[best]](self.capacity)
+            successor = _FIXED[self.CANDIDATES[best]](self.capacity)
             for key, data in self._policy.items():
                 successor.admit(key, data, [])  # the same bytes fit the same capacity
             self._earlier_evictions += self._policy.evictions
@@ -517,9 +523,7 @@ class Adaptive:
 
 
 Policy: TypeAlias = "Lru | Arc | S3Fifo | Adaptive"
-POLICIES: Mapping[str, Callable[[int], Policy]] = {
-    "lru": Lru, "arc": Arc, "s3fifo": S3Fifo, "adaptive": Adaptive,
-}
+POLICIES: Mapping[str, Callable[[int], Policy]] = {**_FIXED, "adaptive": Adaptive}
 
 
 def new_policy(eviction: str, capacity: int) -> Policy:

@@ -25,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from .eviction import new_policy
+from .eviction import Sized, new_policy
 
 __all__ = ["MIN_BLOCKS", "MULTIPLIERS", "Sizer"]
 
@@ -34,18 +34,6 @@ MULTIPLIERS = (0.5, 1.0, 2.0, 4.0)
 #: Blocks of its first size the 1x miniature holds at least (raising the rate).
 MIN_BLOCKS = 256
 _HASH_SPACE = 1 << 64
-
-
-class _Sized:
-    """A miniature's payload: a length and nothing else."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
 
 class Sizer:
@@ -93,7 +81,7 @@ class Sizer:
                 continue
             for mini in self._minis:
                 if mini.access(key) is None and size <= mini.capacity:
-                    mini.admit(key, _Sized(size), sink)
+                    mini.admit(key, Sized(size), sink)
                     sink.clear()
 
     def stats(self) -> dict[str, float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.backends.eviction import new_policy
+from kvtier.backends.eviction import Sized, new_policy
 from kvtier.chain.admission import Seen
 
 from .curves import BLOCK_SCALE
@@ -23,14 +23,7 @@ from .trace import Trace
 __all__ = ["BelowPoint", "replay_below"]
 
 
-class _Null:
-    __slots__ = ()
-
-    def __len__(self) -> int:
-        return BLOCK_SCALE
-
-
-_PAYLOAD = _Null()
+_PAYLOAD = Sized(BLOCK_SCALE)
 
 
 def _key_bytes(key: int) -> bytes:

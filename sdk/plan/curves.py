@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.backends.eviction import new_policy
+from kvtier.backends.eviction import Sized, new_policy
 
 from .trace import Trace
 
@@ -48,16 +48,8 @@ INFINITE = -1
 BLOCK_SCALE = 1 << 20
 
 
-class _Null:
-    """The payload every replayed block stores: its length is all a policy reads."""
-
-    __slots__ = ()
-
-    def __len__(self) -> int:
-        return BLOCK_SCALE
-
-
-_PAYLOAD = _Null()
+#: The payload every replayed block stores: its length is all a policy reads.
+_PAYLOAD = Sized(BLOCK_SCALE)
 
 
 @dataclass(frozen=True)
