@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import Any
@@ -194,28 +195,38 @@ class LoadDecision:
         if not per_block:  # tokens unknown: nothing to weigh a load against
             return held
         margin = self.config.margin
-        fits = [cost.fit() for cost in self.costs]
-        counts = [0] * len(self.costs)
-        spent = [0.0] * len(self.costs)
+        # a tier's k-th block adds (a + b * size) * (1 + z * spread) once its
+        # first has paid the latency: one multiply-add a block, not a fit
+        first, then = [0.0] * len(self.costs), [0.0] * len(self.costs)
+        for i, cost in enumerate(self.costs):
+            fit = cost.fit()
+            if fit is not None:  # an unmeasured tier costs nothing: trusted
+                first[i] = _seconds(fit, 1, block_bytes)
+                then[i] = _seconds(fit, 2, block_bytes) - first[i]
+        points = recompute.points
+        rate = points[0][1] / points[0][0] if len(points) == 1 else None
+        seen = [False] * len(self.costs)
         total, best, most = 0.0, 0, 0.0
         for k in range(held):
             tier = where[k]
             assert tier is not None
-            counts[tier] += 1
-            fit = fits[tier]
-            if fit is not None:  # an unmeasured tier costs nothing: trusted
-                cost = _seconds(fit, counts[tier], block_bytes)
-                total += cost - spent[tier]
-                spent[tier] = cost
-            saved = margin * recompute.seconds((k + 1) * per_block) - total
+            if seen[tier]:
+                total += then[tier]
+            else:
+                seen[tier] = True
+                total += first[tier]
+            tokens = (k + 1) * per_block
+            redo = rate * tokens if rate is not None else recompute.seconds(tokens)
+            saved = margin * redo - total
             if saved >= most:
                 best, most = k + 1, saved
         if best < held:
+            declined = Counter(where[best:held])
             with self._lock:
-                for tier in where[best:held]:
+                for tier, n in declined.items():
                     assert tier is not None
-                    self._declined[tier] += 1
-                    self._declined_tokens[tier] += per_block
+                    self._declined[tier] += n
+                    self._declined_tokens[tier] += n * per_block
         return best
 
     def tier_stats(self, tier: int) -> dict[str, Any]:
