@@ -48,11 +48,10 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from lmcache.lmcache_native import Bitmap
@@ -65,6 +64,7 @@ from kvtier.spec import KvtierError
 
 from .keys import kvtier_key
 from .settings import AdapterSettings
+from .signals import Counters, EventFd
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -112,36 +112,6 @@ class KvtierL2AdapterConfig(L2AdapterConfigBase):
         )
 
 
-@dataclass
-class _Counters:
-    stores: int = 0
-    store_failures: int = 0
-    lookups: int = 0
-    locked: int = 0
-    lock_copies: int = 0
-    lock_over_budget: int = 0
-    load_hits: int = 0
-    load_misses: int = 0
-    deletes_deferred: int = 0
-    job_errors: int = 0
-
-
-class _EventFd:
-    """One Linux eventfd, non-blocking, closed on exec (as LMCache's own)."""
-
-    def __init__(self) -> None:
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-
-    def signal(self) -> None:
-        if self.fd >= 0:
-            os.eventfd_write(self.fd, 1)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
 def _bytes_of(obj: MemoryObj) -> memoryview:
     """The object's bytes (its logical size) as a flat, writable ``B`` view.
 
@@ -178,7 +148,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         )
         copy_all = self.settings.lock_copies == "all"
         self._copy_tier = [copy_all or not t.capabilities.persistent for t in self.chain.tiers]
-        self._efds = {op: _EventFd() for op in ("store", "lookup", "load")}
+        self._efds = {op: EventFd() for op in ("store", "lookup", "load")}
         self._cond = threading.Condition()
         self._task_ids = itertools.count()
         self._handlers: dict[int, Callable[[kvtier.JobResult], None]] = {}
@@ -196,7 +166,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._inflight: dict[int, tuple[frozenset[bytes], set[bytes]]] = {}
         #: orders what listeners hear: a store's news and a delete's are never interleaved
         self._telling = threading.Lock()
-        self._counters = _Counters()
+        self._counters = Counters()
         self._closing = False
         self._thread = threading.Thread(
             target=self._complete_loop, name="kvtier-lmcache", daemon=True
