@@ -128,6 +128,7 @@ def _attach_commands() -> None:
     from kvtier.cli.operate_commands import inspect_command, purge_command, scrub_command
     from kvtier.contrib.lmcache import lmcache_args_command
     from kvtier.contrib.sglang import sglang_args_command
+    from kvtier.contrib.vllm.calibrate import calibrate_command
     from kvtier.contrib.vllm import vllm_args_command
     from kvtier.peer.server import serve_command
     from kvtier.plan.cli import plan_command
@@ -140,6 +141,7 @@ def _attach_commands() -> None:
     cli.add_command(plan_command)
     cli.add_command(sglang_args_command)
     cli.add_command(vllm_args_command)
+    cli.add_command(calibrate_command)
     cli.add_command(lmcache_args_command)
 
 
