@@ -128,8 +128,8 @@ def _attach_commands() -> None:
     from kvtier.cli.operate_commands import inspect_command, purge_command, scrub_command
     from kvtier.contrib.lmcache import lmcache_args_command
     from kvtier.contrib.sglang import sglang_args_command
-    from kvtier.contrib.vllm.calibrate import calibrate_command
     from kvtier.contrib.vllm import vllm_args_command
+    from kvtier.contrib.vllm.calibrate import calibrate_command
     from kvtier.peer.server import serve_command
     from kvtier.plan.cli import plan_command
 
