@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .transfer_config import (
+from .args import (
     DEFAULT_PRIMARY_BYTES,
     SPEC_MODULE,
     SPEC_NAME,

@@ -12,7 +12,7 @@ fed by cascades and read by promotions) with two additions:
 * ``kvtier_config`` wires the chain in: a :class:`~kvtier.contrib.vllm.tier.KvtierTier`
   secondary tier is added unless one is listed, and ``cpu_bytes_to_use`` /
   ``eviction_policy`` come from the chain's leading ``host`` tier unless
-  given (see :func:`~kvtier.contrib.vllm.transfer_config.complete_extra_config`).
+  given (see :func:`~kvtier.contrib.vllm.args.complete_extra_config`).
 * It also runs on vLLM's CPU platform: there :class:`~kvtier.contrib.vllm.worker.HostCopyWorker`
   copies between the engine's KV cache and the shared host region.  On CUDA
   and XPU, vLLM's own worker is used unchanged.
@@ -32,7 +32,7 @@ from ._compat import (
     open_worker_region,
     with_extra_config,
 )
-from .transfer_config import complete_extra_config
+from .args import complete_extra_config
 from .worker import HostCopyWorker
 
 __all__ = ["KvtierOffloadingSpec"]

@@ -31,7 +31,7 @@ after a back-off); one whose storage is unreachable when vLLM starts leaves
 the tier empty until a later attempt (every ``reopen_interval`` seconds)
 opens the chain.  No storage fault reaches vLLM as an exception.
 
-Keys and namespace (:mod:`.addressing`).  vLLM's ``OffloadKey`` is used as
+Keys and namespace (:mod:`.keys`).  vLLM's ``OffloadKey`` is used as
 the kvtier key (its digest when over a kvtier key's 64 bytes), and every block
 is stored under a :class:`kvtier.Namespace` made from vLLM's offloading config
 (model, KV dtype, row and parallel layout, vLLM release): blocks from any
@@ -81,13 +81,13 @@ from ._compat import (
     kv_events_enabled,
     row_payload_bytes,
 )
-from .addressing import chain_key, namespace_for
+from .args import secondary_chain_config
 from .chain_like import ChainLike, UnopenedChain
+from .keys import chain_key, namespace_for
 from .lookups import HIT, MISS, LookupVerdicts
 from .region import PrimaryRows
 from .tier_metrics import METRIC_PREFIX, AdapterCounters, metric_definitions, offloading_stats
 from .tier_options import TierOptions
-from .transfer_config import secondary_chain_config
 
 # chain_key, namespace_for and METRIC_PREFIX were first defined here; they stay importable
 __all__ = ["METRIC_PREFIX", "KvtierTier", "chain_key", "live_tiers", "namespace_for"]
