@@ -32,6 +32,7 @@ from kvtier.block import framing
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
 from kvtier.chain.admission import Seen
+from kvtier.chain.arguments import byte_views, check_keys, writable
 from kvtier.chain.cost import LoadDecision
 from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.jobs import JobResult, Jobs
@@ -41,7 +42,7 @@ from kvtier.chain.traffic import DEFAULT_BACKLOG_BYTES, Traffic
 from kvtier.config.loader import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
 from kvtier.plugins.registry import BackendRegistry, default_registry
-from kvtier.spec import MAX_KEY_SIZE, BytesLike, ClosedError
+from kvtier.spec import BytesLike, ClosedError
 
 __all__ = ["Chain", "JobResult", "open_chain"]
 
@@ -52,48 +53,6 @@ log = logging.getLogger("kvtier.chain")
 Step = Callable[[int, Tier, list[int]], Sequence[bool]]
 #: How often a read walks the tiers for keys that moved down while it walked.
 _READ_WALKS = 3
-
-
-#: What a caller passes by mistake where a sequence of them is asked for: one
-#: ``bytes`` is a sequence too, of ints.
-_ONE_BUFFER = (bytes, bytearray, memoryview, str)
-
-
-def _sequence(items: Any, what: str, of: str) -> list[Any]:
-    if isinstance(items, _ONE_BUFFER) or not isinstance(items, Iterable):
-        raise TypeError(f"{what} must be a sequence of {of}, got {type(items).__name__}")
-    return list(items)
-
-
-def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
-    out = _sequence(keys, "keys", "bytes")
-    for i, key in enumerate(out):
-        if not isinstance(key, bytes):
-            raise TypeError(f"keys[{i}] must be bytes, got {type(key).__name__}")
-        if not 0 < len(key) <= MAX_KEY_SIZE:
-            raise ValueError(f"keys must be 1 to {MAX_KEY_SIZE} bytes long, got {len(key)}")
-    return out
-
-
-def _byte_views(
-    blocks: Sequence[Any], n: int, what: str = "blocks", noun: str = "blocks"
-) -> list[memoryview]:
-    """Each block as a flat byte view; a TypeError names the first that is not bytes-like."""
-    items = _sequence(blocks, what, "bytes-like objects")
-    if len(items) != n:
-        raise ValueError(f"got {len(items)} {noun} for {n} keys")
-    views = []
-    for i, block in enumerate(items):
-        try:
-            view = memoryview(block)
-        except TypeError:
-            raise TypeError(
-                f"{what}[{i}] must be a bytes-like object, got {type(block).__name__}"
-            ) from None
-        if not view.c_contiguous:
-            raise TypeError(f"{what}[{i}] must be contiguous in memory")
-        views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
-    return views
 
 
 def _one_frame(parts: Sequence[BytesLike]) -> BytesLike:
@@ -107,14 +66,6 @@ def _frames(index: int, offered: list[int]) -> list[framing.Checked | None] | No
     """Where a read of tier ``index`` puts the frames of its hits: none for the first
     tier, which has nothing above it to promote them into."""
     return [None] * len(offered) if index else None
-
-
-def _writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
-    views = _byte_views(buffers, n, "out", "output buffers")
-    for i, view in enumerate(views):
-        if view.readonly:
-            raise TypeError(f"out[{i}] must be writable (bytearray, numpy array, ...)")
-    return views
 
 
 class Chain:
@@ -253,8 +204,8 @@ class Chain:
         The caller may reuse ``blocks`` as soon as this returns.
         """
         self._check_open()
-        keys = _check_keys(keys)
-        payloads = _byte_views(blocks, len(keys))
+        keys = check_keys(keys)
+        payloads = byte_views(blocks, len(keys))
         self._saw("put", keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
@@ -291,8 +242,8 @@ class Chain:
         a tier's codec is checked all the same.  Tiers below follow their policies.
         """
         self._check_open()
-        keys = _check_keys(keys)
-        _byte_views(blobs, len(keys))  # only to name a mistake: recode takes the blobs
+        keys = check_keys(keys)
+        byte_views(blobs, len(keys))  # only to name a mistake: recode takes the blobs
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
@@ -323,8 +274,8 @@ class Chain:
         stored.  Hits below the first tier are promoted asynchronously.
         """
         self._check_open()
-        keys = _check_keys(keys)
-        outs = _writable(out, len(keys))
+        keys = check_keys(keys)
+        outs = writable(out, len(keys))
         self._saw("get", keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
@@ -352,7 +303,7 @@ class Chain:
         promoted the same way.
         """
         self._check_open()
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         self._saw("get", keys)
         found: list[bytes | None] = [None] * len(keys)
 
@@ -379,7 +330,7 @@ class Chain:
         Used by ``kvtier serve``: the receiving side checks them again.
         """
         self._check_open()
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         found: list[BytesLike | None] = [None] * len(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
@@ -418,7 +369,7 @@ class Chain:
     def lookup(self, keys: Sequence[bytes]) -> list[int | None]:
         """Per key, the index of the first tier holding it, or None."""
         self._check_open()
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         self._saw("lookup", keys)
         where: list[int | None] = [None] * len(keys)
 
@@ -465,7 +416,7 @@ class Chain:
     def evict_each(self, keys: Sequence[bytes]) -> list[bool]:
         """:meth:`evict`, answered per key: True where some tier held it (and now none does)."""
         self._check_open()
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         self.flush()
         removed = [False] * len(keys)
         for index, tier in enumerate(self.tiers):
@@ -517,8 +468,8 @@ class Chain:
         and the copy it checks (one xxh3 pass and one copy per block less,
         see BENCHMARKS.md).  A buffer changed anyway is stored as changed.
         """
-        keys = _check_keys(keys)
-        views = _byte_views(blocks, len(keys))
+        keys = check_keys(keys)
+        views = byte_views(blocks, len(keys))
         if held:
             return self._jobs.submit("put", self.put, keys, views)
         sums = [framing.digest(view) for view in views]  # a read pass, not a copy
@@ -549,12 +500,12 @@ class Chain:
 
         ``out`` is filled by the job; mistakes in the arguments raise here.
         """
-        keys = _check_keys(keys)
-        return self._jobs.submit("get", self.get, keys, _writable(out, len(keys)))
+        keys = check_keys(keys)
+        return self._jobs.submit("get", self.get, keys, writable(out, len(keys)))
 
     def submit_lookup(self, keys: Sequence[bytes]) -> int:
         """Start a lookup; the job's result is :meth:`lookup`'s answer."""
-        return self._jobs.submit("lookup", self.lookup, _check_keys(keys))
+        return self._jobs.submit("lookup", self.lookup, check_keys(keys))
 
     def poll(self) -> list[JobResult]:
         """Jobs finished since the last poll (each reported once)."""
