@@ -1,8 +1,9 @@
 """The options of a ``secondary_tiers`` entry for ``KvtierTier``, checked.
 
-Each option is documented on ``KvtierTier``, whose keyword arguments they
-are; their defaults live there too.  Checking them here, before anything is
-opened, means a bad entry stops vLLM at start-up with an error naming it.
+Each option is documented on :class:`TierOptions`; they are ``KvtierTier``'s
+keyword arguments, whose defaults live there.  Checking them here, before
+anything is opened, means a bad entry stops vLLM at start-up with an error
+naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,40 @@ __all__ = ["TierOptions"]
 
 @dataclass(frozen=True)
 class TierOptions:
-    """A ``secondary_tiers`` entry's options, as the tier uses them."""
+    """A ``secondary_tiers`` entry's options, as the tier uses them.
+
+    ``config`` (required)
+        Path of the kvtier YAML.
+    ``namespace_extra``
+        Mapping of extra namespace fields (a deployment tag, a KV quantiser).
+    ``model_name``
+        The model's identity in the namespace instead of vLLM's model name
+        (engines loading the same weights from different local paths).
+    ``keep_host_tier``
+        Open a leading ``host`` tier too (default false: vLLM's CPU tier
+        already holds those blocks; see
+        :func:`~kvtier.contrib.vllm.args.secondary_chain_config`).
+    ``lookup_timeout``
+        Seconds a lookup may stay unanswered before it counts as a miss (2).
+    ``verdict_ttl``
+        Seconds a lookup answer is reused (2).
+    ``failed_ttl``
+        Seconds a key stays a miss after a failed load (30), so a damaged
+        block is not fetched again for every request.
+    ``job_workers``
+        Threads running the chain's asynchronous jobs (8).
+    ``reopen_interval``
+        A chain whose storage is unreachable at start-up (a backend's open
+        fails with an I/O error) does not stop vLLM: the tier holds nothing
+        and tries to open the chain again every this many seconds (30).
+    ``locality``
+        ``LOCAL`` or ``REMOTE``, passed on to vLLM (default: unset).
+    ``load_timeout``
+        vLLM 0.34 and later: seconds a load may run before the tier reports
+        it failed (vLLM recomputes) with ``deferred_release`` set, so vLLM
+        keeps the primary slots out of use until the read has really ended
+        (default: unset, a load is reported when it ends).
+    """
 
     config: str
     namespace_extra: Mapping[str, Any] | None
