@@ -80,8 +80,9 @@ def _tune_malloc(capacity: int) -> None:
 
     glibc serves allocations of megabytes with fresh ``mmap`` pages and
     returns them on free (or trims them off the heap), so every stored block
-    would pay a page fault per 4 KiB on its copy: 1.1-1.3 GB/s against 7-8
-    GB/s for a copy into memory already mapped, on a 2-core EPYC.  Blocks up
+    would pay a page fault per 4 KiB on its copy, several times slower than a
+    copy into memory already mapped (BENCHMARKS.md, "Figures behind design
+    choices").  Blocks up
     to 32 MiB come from the heap instead, and up to ``capacity`` (at most
     1 GiB) of freed heap stays mapped: memory the tier may fill anyway.
     Process-wide, done once, glibc only; ``MALLOC_MMAP_THRESHOLD_`` or
@@ -112,13 +113,11 @@ def _prefault(nbytes: int) -> None:
     used, and every 4 KiB pays a page fault and the kernel's zeroing during
     the copy.  Freed, the pieces join the heap's free top, which
     _tune_malloc keeps mapped up to its trim threshold: touching that much
-    or more would have free() trim it all away again (measured: 8,200 page
-    faults per 32 MiB put either way), so three quarters of it at most.
-    Measured in a new process, 16 x 2 MiB puts into a 192 MiB tier: 0
-    page faults and 8-18 ms for the first three puts after a 96 MiB
-    prefault, against 8,200 faults and 48-72 ms without (load average ~8).
-    Costs the touch at open (240 ms for 96 MiB at that load) and that much
-    resident memory from the start, memory the tier was going to fill.
+    or more would have free() trim it all away again, so three quarters of
+    it at most.  It spares the first puts their page faults, at the cost of
+    the touch at open and that much resident memory from the start, memory
+    the tier was going to fill (BENCHMARKS.md, "Figures behind design
+    choices").
     Blocks must be stored from the thread that opened the tier to find it:
     glibc gives other threads arenas of their own.
     """

@@ -253,12 +253,10 @@ class Frame(Sequence[BytesLike]):
     that writes a batch block by block (the peer client's ``sendmsg``) thus
     checksums each block just before it goes out, while the other end still
     takes in the one before, rather than every block before the first byte
-    leaves: a 16 x 2 MiB peer put went from 0.76-0.82x to 0.87-0.91x of a
-    plain socket (interleaved runs of both, loopback, 2-core VM).  A store
-    that copies each block in (host) copies it while the checksum pass has
-    left it in the CPU cache: host puts went from 0.83-0.88x to 1.09-1.19x
-    of memcpy (``kvtier bench``).  The payload must stay unchanged until the
-    header is made, as it must until the put returns.
+    leaves.  A store that copies each block in (host) copies it while the
+    checksum pass has left it in the CPU cache.  Both gained (BENCHMARKS.md,
+    "Figures behind design choices").  The payload must stay unchanged until
+    the header is made, as it must until the put returns.
     Two threads reading the header first at once both make the same bytes.
     """
 
@@ -449,8 +447,8 @@ def decode_into(
         raise CorruptBlockError(f"block holds {header.raw_len} bytes, reader expects {out.nbytes}")
     if one_pass:
         # the copy and the checksum in one pass, in C; unverified too, as the
-        # checksum rides free on the copy, which is faster than the others
-        # (16 x 2 MiB: 2.1-2.3 ms, numpy's 2.5-2.8 ms, a memoryview's 3.7-4.1)
+        # checksum rides free on the copy, which is faster than numpy's or a
+        # memoryview's (BENCHMARKS.md, "Figures behind design choices")
         digest = _xxh3copy.copy_xxh3_64(stored, out, header.shuffle)
         if verify and digest.to_bytes(8, "big") != header.checksum:
             raise CorruptBlockError("checksum mismatch")

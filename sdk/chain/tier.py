@@ -370,8 +370,7 @@ class Tier:
         process while :mod:`~kvtier.block.framing` checks as it copies: such
         a backend's ``get`` hands out the bytes it holds (the host backend's
         does), and the one copy into the caller's buffer takes the checksum
-        on the way.  16 x 2 MiB host gets went from 0.71-0.77x of a plain
-        copy (scatter-read, then checksum) to 1.00-1.16x.
+        on the way (BENCHMARKS.md, "Figures behind design choices").
         """
         if not self.handle.implements("kvtier_get_into") or self.codec.name != "none":
             return False
@@ -384,10 +383,10 @@ class Tier:
         fills the buffers at memory speed, and the checksum pass that follows
         would read a large batch back from memory rather than from the CPU
         cache (such reads come here only where the C extension is not built,
-        see :meth:`_reads_direct`).  Calls of about :data:`_CACHE_BATCH` bytes keep what the
-        checksum reads in the cache: 16 x 2 MiB host gets went from 0.55-0.59x
-        to 0.62-0.66x of a plain copy (interleaved runs).  Other backends get
-        the whole batch in one call: they work on it in parallel.
+        see :meth:`_reads_direct`).  Calls of about :data:`_CACHE_BATCH`
+        bytes keep what the checksum reads in the cache (BENCHMARKS.md,
+        "Figures behind design choices").  Other backends get the whole
+        batch in one call: they work on it in parallel.
         """
         n = len(outs)
         if not self._in_process or sum(o.nbytes for o in outs) <= _CACHE_BATCH:
