@@ -16,14 +16,18 @@ import json
 import random
 import statistics
 import time
-from typing import Any
+from typing import Any, Literal
 
 import click
 
 __all__ = ["calibrate_command", "measure"]
 
+#: The dtypes vLLM's ``LLM`` takes by name.
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
-def measure(model: str, lengths: list[int], repeat: int, dtype: str) -> dict[int, float]:
+
+def measure(model: str, lengths: list[int], repeat: int, dtype: Dtype) -> dict[int, float]:
     """Median seconds to prefill each prompt length (plus one decoded token)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -67,9 +71,12 @@ def _lengths(text: str) -> list[int]:
               help="Prompt lengths to time, comma-separated.")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Prompts timed per length (the median is kept).")
-@click.option("--dtype", default="auto", show_default=True, help="vLLM's dtype for the model.")
+@click.option("--dtype", default="auto", show_default=True, help="vLLM's dtype for the model.",
+              type=click.Choice(DTYPES))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of YAML.")
-def calibrate_command(model: str, tokens: str, repeat: int, dtype: str, as_json: bool) -> None:
+def calibrate_command(
+    model: str, tokens: str, repeat: int, dtype: Dtype, as_json: bool
+) -> None:
     """Time vLLM's prefill of MODEL and print the chain's `recompute` entry."""
     lengths = _lengths(tokens)
     seconds = measure(model, lengths, repeat, dtype)
