@@ -66,6 +66,7 @@ NETWORK_FS = frozenset({
 })
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _POLL_S = 0.005  # a put waiting for room looks again this often
+_BUSY_S = 30.0  # the longest a transaction waits for another's to end
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks(
     ns TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL,
@@ -174,13 +175,20 @@ class SharedPool:
         self.lease_s = lease_s
         self.me = f"{os.getpid()}:{secrets.token_hex(4)}"
         self.mine: dict[bytes, int] = {}  # keys this process reserved, not yet settled
+        # writes landed, (key, size, reserved), marked stored at this process's next
+        # transaction: a transaction per block would cost more than a 2 MiB write
+        self.landed: list[tuple[bytes, int, int]] = []
         self.evicted_blocks = self.refused = 0
         self._lock = threading.Lock()  # the connection's; never held during file I/O
         self._evicting = threading.Lock()
-        self._db = sqlite3.connect(os.path.join(root, DB_NAME), timeout=max(lease_s, 30.0),
+        self._db = sqlite3.connect(os.path.join(root, DB_NAME), timeout=0.1,
                                    isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints
+        # the log is checkpointed at 256 pages and cut back to 1 MiB: the index's own
+        # bytes, which no capacity counts, stay small beside min_free
+        self._db.execute("PRAGMA wal_autocheckpoint=256")
+        self._db.execute("PRAGMA journal_size_limit=1048576")
         with self._txn() as db:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -193,8 +201,19 @@ class SharedPool:
             self.db = db
 
         def __enter__(self) -> sqlite3.Connection:
-            self.db.execute("BEGIN IMMEDIATE")
-            return self.db
+            # SQLite's own busy handler sleeps 1, 2, 5, 10 ms ... between tries: under
+            # four writers that cost more than the writes; a transaction here lasts
+            # tens of microseconds, so look again sooner
+            delay, deadline = 50e-6, time.monotonic() + _BUSY_S
+            while True:
+                try:
+                    self.db.execute("BEGIN IMMEDIATE")
+                    return self.db
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2e-3)
 
         def __exit__(self, kind: Any, *rest: Any) -> None:
             self.db.execute("COMMIT" if kind is None else "ROLLBACK")
@@ -231,7 +250,11 @@ class SharedPool:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            try:
+                with self._txn() as db:
+                    self._mark_landed(db)
+            finally:
+                self._db.close()
 
     # the data path ------------------------------------------------------------
     def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], drop: Drop) -> list[str]:
@@ -260,6 +283,8 @@ class SharedPool:
                         waiting = waiting or kept > 0  # others go first on the next round
                 finally:
                     self._evicting.release()
+            elif need > 0:
+                waiting = True  # another thread of this process is evicting
             if freed <= 0 and tried and "new" in out:
                 # nothing older is left: this batch's first blocks make way for its
                 # later ones, as if it were put one block at a time
@@ -268,6 +293,10 @@ class SharedPool:
             if freed <= 0:
                 with self._lock:
                     held = self._lease_held()
+                    # asked again: others may have taken the room since the grant
+                    waiting = waiting or self._db.execute(
+                        "SELECT inflight FROM totals WHERE scope = ?",
+                        (self.scope,)).fetchall()[0][0] > 0
                 if not (waiting or held) or time.monotonic() > deadline:
                     break  # nothing to evict and nothing landing: it cannot fit
                 time.sleep(_POLL_S)
@@ -294,6 +323,7 @@ class SharedPool:
         left: list[int] = []
         now = time.time_ns()
         with self._txn() as db:
+            self._mark_landed(db)
             cap, floor, inflight = self._room(db)
             for i in pending:
                 key, size = keys[i], sizes[i]
@@ -324,19 +354,26 @@ class SharedPool:
             reserved = self.mine.pop(key, None)
             if reserved is None:
                 return
+            if size is not None:
+                self.landed.append((key, size, reserved))
+                return
             with self._txn() as db:
-                if size is None:
-                    gone = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND writer = ?",
-                                      (self.ns, key, self.me)).rowcount
-                    if gone:
-                        self._add(db, self.ns, -reserved, -reserved)
-                    return
-                done = db.execute(
-                    "UPDATE blocks SET state = 'S', size = ?, used = ? "
-                    "WHERE ns = ? AND key = ? AND writer = ? AND state = 'W'",
-                    (size, time.time_ns(), self.ns, key, self.me)).rowcount
-                if done:
-                    self._add(db, self.ns, size - reserved, -reserved)
+                gone = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND writer = ?",
+                                  (self.ns, key, self.me)).rowcount
+                if gone:
+                    self._add(db, self.ns, -reserved, -reserved)
+
+    def _mark_landed(self, db: sqlite3.Connection) -> None:
+        """Mark the writes landed since the last transaction stored (``_lock`` held)."""
+        if not self.landed:
+            return
+        now = time.time_ns()
+        for key, size, reserved in self.landed:
+            if db.execute("UPDATE blocks SET state = 'S', size = ?, used = ? "
+                          "WHERE ns = ? AND key = ? AND writer = ? AND state = 'W'",
+                          (size, now, self.ns, key, self.me)).rowcount:
+                self._add(db, self.ns, size - reserved, -reserved)
+        self.landed.clear()
 
     def _push_out(self, keys: Sequence[bytes], out: list[str]) -> None:
         i = out.index("new")
@@ -347,12 +384,14 @@ class SharedPool:
         """A read of ``keys``, by any process, counts as a use."""
         now = time.time_ns()
         with self._lock, self._txn() as db:
+            self._mark_landed(db)
             db.executemany("UPDATE blocks SET used = ? WHERE ns = ? AND key = ? AND state = 'S'",
                            [(now, self.ns, key) for key in keys])
 
     def forget(self, keys: Sequence[bytes]) -> None:
         """``keys`` are about to be deleted by the caller (an explicit evict)."""
         with self._lock, self._txn() as db:
+            self._mark_landed(db)
             for key in keys:
                 row = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND state = 'S' "
                                  "RETURNING size", (self.ns, key)).fetchall()
@@ -380,6 +419,7 @@ class SharedPool:
         lease held and gives it back."""
         try:
             with self._lock, self._txn() as db:
+                self._mark_landed(db)
                 self._settle_dead(db)
                 victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
                                      ).fetchall()  # left by an evictor that died
@@ -421,24 +461,21 @@ class SharedPool:
                 db.execute("UPDATE lease SET expires = 0 WHERE holder = ?", (self.me,))
 
     def _settle_dead(self, db: sqlite3.Connection) -> None:
-        """Rows ``W`` of processes that died: stored if their file is whole, else dropped."""
-        writers = [w for (w,) in db.execute(
-            "SELECT DISTINCT writer FROM blocks WHERE state = 'W'") if w != self.me]
-        for writer in writers:
-            if _alive(writer):
-                continue
-            rows = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'W' AND writer = ?",
-                              (writer,)).fetchall()
-            for ns, key, size in rows:
-                # a published file is whole (temp file and rename); a torn one is a temp file
-                on_disk = LocalStore(f"{self.root}/{ns}").size(key)
-                if on_disk is None:
-                    db.execute("DELETE FROM blocks WHERE ns = ? AND key = ?", (ns, key))
-                    self._add(db, ns, -size, -size)
-                else:
-                    db.execute("UPDATE blocks SET state = 'S', size = ? WHERE ns = ? AND key = ?",
-                               (on_disk, ns, key))
-                    self._add(db, ns, on_disk - size, -size)
+        """Rows ``W`` of other processes: stored if their file is there (published by a
+        rename, so whole: the write landed, its writer has not said so yet), dropped if
+        not and their writer is dead (by pid: one pid namespace)."""
+        rows = db.execute("SELECT ns, key, size, writer FROM blocks WHERE state = 'W' "
+                          "AND writer != ?", (self.me,)).fetchall()
+        dead: dict[str, bool] = {}
+        for ns, key, size, writer in rows:
+            on_disk = LocalStore(f"{self.root}/{ns}").size(key)
+            if on_disk is not None:
+                db.execute("UPDATE blocks SET state = 'S', size = ? WHERE ns = ? AND key = ?",
+                           (on_disk, ns, key))
+                self._add(db, ns, on_disk - size, -size)
+            elif dead.setdefault(writer, not _alive(writer)):
+                db.execute("DELETE FROM blocks WHERE ns = ? AND key = ?", (ns, key))
+                self._add(db, ns, -size, -size)
 
     def stats(self) -> dict[str, int]:
         with self._lock:

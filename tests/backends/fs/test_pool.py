@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from fs_blocks import NS
 
+import kvtier
 from kvtier.backends.fs.pool import DB_NAME
 
 CHILD = Path(__file__).parents[2] / "support" / "fs_pool_child.py"
@@ -150,13 +152,14 @@ def test_a_killed_evictor_is_replaced_and_leaves_nothing_uncounted(tmp_path: Pat
     other = open_backend({"url": str(root), "namespace": NS, "options": opts})
     try:
         assert list(other.put([b"after"], [block(b"after", size)], [])) == [True]
-        after = rows(root)
-        assert {r[3] for r in after} == {"S"}  # no victim left half deleted
-        on_disk = files_on_disk(root)
-        assert {key: s for _, key, s, _ in after} == on_disk  # nothing uncounted
-        assert other.stats()["pool_bytes"] == sum(on_disk.values()) <= batch * size
+        assert other.stats()["pool_bytes"] <= batch * size
     finally:
         other.close()
+    after = rows(root)
+    assert {r[3] for r in after} == {"S"}  # no victim left half deleted, no write unsettled
+    on_disk = files_on_disk(root)
+    assert {key: s for _, key, s, _ in after} == on_disk  # nothing uncounted
+    assert b"after" in on_disk
     # reopened: every block is whole, or a miss
     again = open_backend({"url": str(root), "namespace": NS, "options": opts})
     try:
@@ -167,3 +170,75 @@ def test_a_killed_evictor_is_replaced_and_leaves_nothing_uncounted(tmp_path: Pat
         assert again.stats()["pool_bytes"] == sum(files_on_disk(root).values())
     finally:
         again.close()
+
+
+def test_min_free_keeps_a_small_tmpfs_from_filling(tmpfs: Path) -> None:
+    floor, size = 6 * MiB, 64 * KiB
+    tier = open_backend({"url": str(tmpfs), "namespace": NS, "options": {"min_free": "6MiB"}})
+    try:
+        keys = [f"f{i}".encode() for i in range(160)]  # 10 MiB into 16: some must go
+        for key in keys:
+            assert list(tier.put([key], [block(key, size)], [])) == [True]
+            st = os.statvfs(tmpfs)
+            assert st.f_bavail * st.f_frsize + _index_bytes(tmpfs) >= floor
+        assert tier.stats()["pool_evictions"] > 0
+        kept = [k for k, d in zip(keys, tier.get(keys), strict=True) if d is not None]
+        assert len(kept) < len(keys)
+        # another program fills the disk below the floor: less is stored than would
+        # make room, so puts are refused (no error), and what is stored stays readable
+        assert tier.evict(kept[:-8]) == [True] * (len(kept) - 8)
+        st = os.statvfs(tmpfs)
+        filler = st.f_bavail * st.f_frsize - 5 * MiB
+        (tmpfs / "other-program").write_bytes(b"\0" * filler)
+        fresh = [f"g{i}".encode() for i in range(4)]
+        assert list(tier.put(fresh, [block(k, size) for k in fresh], [])) == [False] * 4
+        assert tier.stats()["pool_refused"] == 4
+        for key, data in zip(kept[-8:], tier.get(kept[-8:]), strict=True):
+            assert data is not None and bytes(data) == block(key, size)
+    finally:
+        tier.close()
+
+
+def test_two_namespaces_stay_within_the_pool_budget(tmp_path: Path) -> None:
+    root, cap, size = tmp_path / "pool", 2 * MiB, 64 * KiB
+    other_ns = "fedcba9876543210fedcba9876543210"
+    spec = {"mode": "write", "url": str(root), "size": size, "count": 64, "writers": 1,
+            "writer": 0, "options": {"capacity": cap, "capacity_scope": "pool"}}
+    procs = [child({**spec, "namespace": ns}) for ns in (NS, other_ns)]
+    reports = [report(p) for p in procs]
+    assert [r["stored"] for r in reports] == [64, 64]
+    assert sum(r["read_wrong"] for r in reports) == 0
+    held = [sum(files_on_disk(root, ns).values()) for ns in (NS, other_ns)]
+    assert sum(held) <= cap  # each namespace wrote 4 MiB, twice the budget of both
+    with sqlite3.connect(root / DB_NAME) as db:
+        assert db.execute("SELECT bytes FROM totals WHERE scope = '*'").fetchone()[0] == sum(held)
+
+
+def test_block_removed_once_for_every_victim_whoever_wrote_it(tmp_path: Path) -> None:
+    root, size = tmp_path / "pool", 16 * KiB
+    tier = {"capacity": "1MiB", "direct_io": False}
+    removed: list[bytes] = []
+
+    def listen(event: kvtier.ChainEvent) -> None:
+        if event.kind == "removed":
+            assert event.reason == "capacity"
+            removed.extend(event.keys)
+
+    namespace = kvtier.Namespace("events", dtype="bfloat16", tokens_per_block=16)
+    config = {"chain": [{"name": "disk", "backend": "fs", "url": str(root), **tier}]}
+    mine = [f"p{i}".encode() for i in range(64)]
+    with kvtier.open_chain(config, namespace=namespace) as chain:
+        chain.add_listener(listen)
+        # another process writes while this chain is open (it never reads them)
+        writer = child({"mode": "chain", "url": str(root), "model": "events", "prefix": "w",
+                        "count": 40, "size": size, "options": tier})
+        theirs = [k.encode() for k in report(writer)["stored"]]
+        assert len(theirs) == 40
+        for key in mine:
+            assert chain.put([key], [block(key, size)]) == [True]
+        held = {k for k, at in zip(theirs + mine, chain.lookup(theirs + mine), strict=True)
+                if at is not None}
+    counts = Counter(removed)
+    assert set(counts.values()) == {1}  # each once
+    assert set(counts) == set(theirs + mine) - held  # every block gone, and only those
+    assert set(theirs) <= set(counts)  # the other process's blocks too
