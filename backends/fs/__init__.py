@@ -16,7 +16,10 @@ in LRU order, :mod:`kvtier.backends.fs.capacity`) to enforce the capacity and
 answer lookups without a stat, but a key missing from it is still looked for
 on disk, so several processes can share one directory.  The index is rebuilt
 at open from the file a local tier leaves at close
-(:mod:`kvtier.backends.fs.index`), or by walking the tree.
+(:mod:`kvtier.backends.fs.index`), or by walking the tree.  On a local root
+opened with ``capacity`` or ``min_free`` the bounds are kept by a shared index
+instead (:mod:`kvtier.backends.fs.pool`), one for every process on the root;
+this process's index then only answers lookups.
 
 The rest of the package: :mod:`.open` picks the store a URL gets, and
 :mod:`.scan` lists the blocks for ``kvtier_scan``.  A batch is spread over
