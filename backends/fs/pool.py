@@ -323,27 +323,30 @@ class SharedPool:
         left: list[int] = []
         now = time.time_ns()
         with self._txn() as db:
-            self._mark_landed(db)
+            grown, flying = self._mark_landed(db, apply=False)
             cap, floor, inflight = self._room(db)
             for i in pending:
                 key, size = keys[i], sizes[i]
-                row = db.execute("SELECT state FROM blocks WHERE ns = ? AND key = ?",
-                                 (self.ns, key)).fetchall()
-                if row:
-                    out[i] = "no" if row[0][0] == "D" else "have"
-                    continue
                 if self.capacity is not None and size > self.capacity:
                     continue  # can never fit
-                if (cap is None or size <= cap) and (floor is None or size <= floor):
-                    db.execute("INSERT INTO blocks VALUES (?, ?, ?, 'W', ?, ?)",
-                               (self.ns, key, size, self.me, now))
-                    self._add(db, self.ns, size, size)
+                fits = (cap is None or size <= cap) and (floor is None or size <= floor)
+                # the usual case is one statement: the insert, refused for a known key
+                if fits and db.execute("INSERT OR IGNORE INTO blocks VALUES (?, ?, ?, 'W', ?, ?)",
+                                       (self.ns, key, size, self.me, now)).rowcount:
+                    grown, flying = grown + size, flying + size
                     self.mine[key] = size
                     out[i] = "new"
                     cap = None if cap is None else cap - size
                     floor = None if floor is None else floor - size
+                    continue
+                row = db.execute("SELECT state FROM blocks WHERE ns = ? AND key = ?",
+                                 (self.ns, key)).fetchall()
+                if row:
+                    out[i] = "no" if row[0][0] == "D" else "have"
                 else:
                     left.append(i)
+            if grown or flying:
+                self._add(db, self.ns, grown, flying)
         want = sum(sizes[i] for i in left)
         need = max(0 if cap is None else want - cap, 0 if floor is None else want - floor)
         return left, need, inflight > 0
@@ -363,17 +366,22 @@ class SharedPool:
                 if gone:
                     self._add(db, self.ns, -reserved, -reserved)
 
-    def _mark_landed(self, db: sqlite3.Connection) -> None:
-        """Mark the writes landed since the last transaction stored (``_lock`` held)."""
+    def _mark_landed(self, db: sqlite3.Connection, apply: bool = True) -> tuple[int, int]:
+        """Mark the writes landed since the last transaction stored (``_lock`` held);
+        answer the change to the totals (bytes, in flight), made unless not ``apply``."""
+        grown = flying = 0
         if not self.landed:
-            return
+            return grown, flying
         now = time.time_ns()
         for key, size, reserved in self.landed:
             if db.execute("UPDATE blocks SET state = 'S', size = ?, used = ? "
                           "WHERE ns = ? AND key = ? AND writer = ? AND state = 'W'",
                           (size, now, self.ns, key, self.me)).rowcount:
-                self._add(db, self.ns, size - reserved, -reserved)
+                grown, flying = grown + size - reserved, flying - reserved
         self.landed.clear()
+        if apply and (grown or flying):
+            self._add(db, self.ns, grown, flying)
+        return grown, flying
 
     def _push_out(self, keys: Sequence[bytes], out: list[str]) -> None:
         i = out.index("new")
