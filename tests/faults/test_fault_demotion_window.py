@@ -32,9 +32,9 @@ class GatedFs(FsBackend):
     release = threading.Event()
     armed = False
 
-    def _put(self, keys: Sequence[bytes], parts: Sequence[Sequence[Any]], sizes: list[int],
-             evicted: MutableSequence[tuple[bytes, Any]]) -> list[bool]:
-        result: list[bool] = super()._put(keys, parts, sizes, evicted)
+    def _write_blocks(self, keys: Sequence[bytes], parts: Sequence[Sequence[Any]],
+                      sizes: list[int], evicted: MutableSequence[tuple[bytes, Any]]) -> list[bool]:
+        result: list[bool] = super()._write_blocks(keys, parts, sizes, evicted)
         if GatedFs.armed:
             GatedFs.armed = False
             GatedFs.inside.set()
