@@ -21,9 +21,10 @@ opened with ``capacity`` or ``min_free`` the bounds are kept by a shared index
 instead (:mod:`kvtier.backends.fs.pool`), one for every process on the root;
 this process's index then only answers lookups.
 
-The rest of the package: :mod:`.open` picks the store a URL gets, and
-:mod:`.scan` lists the blocks for ``kvtier_scan``.  A batch is spread over
-the I/O threads by :func:`kvtier.spec.run_batch`.
+The rest of the package: :mod:`.options` declares the options, :mod:`.open`
+picks the store a URL gets, :mod:`.faults` tells a block's fault from the
+tier's, and :mod:`.scan` lists the blocks for ``kvtier_scan``.  A batch is
+spread over the I/O threads by :func:`kvtier.spec.run_batch`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from kvtier.spec import (
     ConfigError,
     Failed,
     KvtierError,
-    Option,
     ScanEntry,
     map_batch,
     run_batch,
@@ -56,8 +56,9 @@ from .faults import BlockFaults
 from .index import load_tree, save_index
 from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
-from .open import check_url, open_store, redact
-from .pool import POOL_OPTIONS, PoolStore, attach
+from .open import open_store, redact
+from .options import OPTIONS
+from .pool import PoolStore, attach
 from .scan import scan_store
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -66,68 +67,6 @@ __all__ = ["FsBackend"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-# The checks see values already parsed as the option's type (an int, a str).
-def _check_capacity(value: int) -> None:
-    if value < 1:  # 0 would refuse every put, silently
-        raise ValueError(f"expected at least 1 byte, got {value}; leave it unset for no bound")
-
-
-def _check_threads(value: int) -> None:
-    if value < 1:
-        raise ValueError(f"expected a whole number of threads >= 1, got {value!r}")
-
-
-OPTIONS: Mapping[str, Option] = {
-    "url": Option(
-        "str",
-        "where blocks live: file:///abs/path, /abs/path, memory://name, or any "
-        "fsspec URL such as s3://bucket/prefix",
-        required=True,
-        check=check_url,
-    ),
-    "capacity": Option(
-        "size",
-        "bytes of block files to keep before evicting the least recently used; unset for unbounded",
-        default=None,
-        check=_check_capacity,
-    ),
-    "create": Option(
-        "bool",
-        "make a local root directory that does not exist; false: it must exist already (a "
-        "mount point; kvtier inspect, scrub and purge open with false, so a mistyped path "
-        "is an error and nothing is created)",
-        default=True,
-    ),
-    "fsync": Option(
-        "bool",
-        "fsync each block file and its directory on publish (survives power loss, slower)",
-        default=False,
-    ),
-    "io_threads": Option(
-        "int",
-        "threads running the file I/O of one batch in parallel",
-        default=4,
-        check=_check_threads,
-    ),
-    "direct_io": Option(
-        "bool",
-        "write blocks of 256 KiB and more with O_DIRECT on local paths, and read those "
-        "not in the page cache with it: less CPU per block, cold reads come faster and "
-        "KV is not cached a second time; blocks still cached are read from the cache; "
-        "filesystems that refuse O_DIRECT (tmpfs) go through the page cache",
-        default=True,
-    ),
-    "storage_options": Option(
-        "map",
-        "passed to fsspec as keyword arguments (endpoint, credentials, ...)",
-        default={},
-        secret=True,
-    ),
-    **POOL_OPTIONS,
-}
-
 
 
 class FsBackend(PutParts, GetInto, Tamper, Scan):

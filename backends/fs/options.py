@@ -1,0 +1,73 @@
+"""The ``fs`` backend's options: what a tier entry may say, and their checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvtier.spec import Option
+
+from .open import check_url
+from .pool import POOL_OPTIONS
+
+__all__ = ["OPTIONS"]
+
+
+# The checks see values already parsed as the option's type (an int, a str).
+def _check_capacity(value: int) -> None:
+    if value < 1:  # 0 would refuse every put, silently
+        raise ValueError(f"expected at least 1 byte, got {value}; leave it unset for no bound")
+
+
+def _check_threads(value: int) -> None:
+    if value < 1:
+        raise ValueError(f"expected a whole number of threads >= 1, got {value!r}")
+
+
+OPTIONS: Mapping[str, Option] = {
+    "url": Option(
+        "str",
+        "where blocks live: file:///abs/path, /abs/path, memory://name, or any "
+        "fsspec URL such as s3://bucket/prefix",
+        required=True,
+        check=check_url,
+    ),
+    "capacity": Option(
+        "size",
+        "bytes of block files to keep before evicting the least recently used; unset for unbounded",
+        default=None,
+        check=_check_capacity,
+    ),
+    "create": Option(
+        "bool",
+        "make a local root directory that does not exist; false: it must exist already (a "
+        "mount point; kvtier inspect, scrub and purge open with false, so a mistyped path "
+        "is an error and nothing is created)",
+        default=True,
+    ),
+    "fsync": Option(
+        "bool",
+        "fsync each block file and its directory on publish (survives power loss, slower)",
+        default=False,
+    ),
+    "io_threads": Option(
+        "int",
+        "threads running the file I/O of one batch in parallel",
+        default=4,
+        check=_check_threads,
+    ),
+    "direct_io": Option(
+        "bool",
+        "write blocks of 256 KiB and more with O_DIRECT on local paths, and read those "
+        "not in the page cache with it: less CPU per block, cold reads come faster and "
+        "KV is not cached a second time; blocks still cached are read from the cache; "
+        "filesystems that refuse O_DIRECT (tmpfs) go through the page cache",
+        default=True,
+    ),
+    "storage_options": Option(
+        "map",
+        "passed to fsspec as keyword arguments (endpoint, credentials, ...)",
+        default={},
+        secret=True,
+    ),
+    **POOL_OPTIONS,
+}
