@@ -3,11 +3,7 @@ writes go on as soon as an eviction frees room (a 16 MiB tmpfs the test mounts).
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import kvtier
 
@@ -17,20 +13,6 @@ MIB = 1 << 20
 
 def payload(i: int) -> bytes:
     return bytes([i % 251 + 1]) * (MIB - 8) + i.to_bytes(8, "big")
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
-                           capture_output=True, text=True, check=False)
-    if mount.returncode:
-        pytest.skip(f"mount refused: {mount.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_full_disk_counts_each_block_and_writes_resume_when_room_is_freed(tmpfs: Path) -> None:

@@ -15,36 +15,18 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fs_blocks import NS
+from fs_pool_child import block, open_backend
 
 import kvtier
 from kvtier.backends.fs.pool import DB_NAME
 
 CHILD = Path(__file__).parents[2] / "support" / "fs_pool_child.py"
-sys.path.insert(0, str(CHILD.parent))
-from fs_pool_child import block, open_backend  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs: its free space is the filesystem's own figure, taken in one call."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
-                           capture_output=True, text=True, check=False)
-    if mount.returncode:
-        pytest.skip(f"mount refused: {mount.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def child(spec: dict[str, Any]) -> subprocess.Popen[str]:
