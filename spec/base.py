@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
 from typing import Any, ClassVar
 
-from .batch import check_batch
+from .batch import check_batch, first_positions
 from .errors import ClosedError, KvtierError
 from .hookspecs import BytesLike, hookimpl
 from .types import Capabilities, Option, ScanEntry
@@ -183,9 +183,7 @@ def first_occurrences(
     """
     if len(set(keys)) == len(keys):  # the usual batch: one C-speed test
         return list(store(keys, items, evicted))
-    first: dict[bytes, int] = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
+    first = first_positions(keys)
     answers = store(list(first), [items[i] for i in first.values()], evicted)
     by_key = dict(zip(first, answers, strict=True))
     return [by_key[key] for key in keys]
