@@ -12,9 +12,9 @@ cache, :mod:`kvtier.backends.fs.direct`).  Other URLs (``memory://``,
 (:mod:`kvtier.backends.fs.remote`).
 
 The filesystem is the authority.  This process keeps an index (key -> size,
-in LRU order, :mod:`kvtier.backends.fs.capacity`) to enforce the capacity and
-answer lookups without a stat, but a key missing from it is still looked for
-on disk, so several processes can share one directory.  The index is rebuilt
+in the order of its ``eviction`` policy, :mod:`kvtier.backends.fs.capacity`) to
+enforce the capacity and answer lookups without a stat, but a key missing from
+it is still looked for on disk, so several processes can share one directory.  The index is rebuilt
 at open from the file a local tier leaves at close
 (:mod:`kvtier.backends.fs.index`), or by walking the tree.  On a local root
 opened with ``capacity`` or ``min_free`` the bounds are kept by a shared index
@@ -24,7 +24,9 @@ this process's index then only answers lookups.
 The rest of the package: :mod:`.options` declares the options, :mod:`.open`
 picks the store a URL gets, :mod:`.faults` tells a block's fault from the
 tier's, and :mod:`.scan` lists the blocks for ``kvtier_scan``.  A batch is
-spread over the I/O threads by :func:`kvtier.spec.run_batch`.
+spread over the I/O threads by :func:`kvtier.spec.run_batch`.  Online sizing
+(:mod:`kvtier.backends.sizing`) sees this process's gets and puts: under a
+shared pool, each process estimates from its own traffic.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from kvtier.spec import (
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from .._batch import joined, nbytes
+from ..sizing import Sizing
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
 from .faults import BlockFaults
@@ -95,6 +98,9 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         # older than them; -1: no usable index, the whole tree was scanned
         self._leaves_rescanned = -1
         self._faults = BlockFaults()  # see .faults: a block's fault is a miss
+        # this process's gets and puts (under a shared pool too: its own traffic)
+        self._sizing = Sizing()
+        self._eviction = "lru"  # the option: the pool's order, or the ledger's
 
     # lifecycle ------------------------------------------------------------
     def _open(self, options: Mapping[str, Any], namespace: str) -> None:
@@ -117,6 +123,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             store.create_root()
             store.probe()
             store = attach(store, options, namespace)  # shared capacity: .pool
+        except KvtierError:
+            raise  # the pool's own: another eviction policy on the root
         except Exception as exc:
             raise BackendError(
                 f"fs tier {self._url}: cannot create or write {store.nsroot}: {exc}"
@@ -135,14 +143,18 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 pool.shutdown(wait=True)
             self._pool = None
             self._raise(exc, "scan")
-        self._adopt(*found)
-        if isinstance(store, PoolStore):
+        if isinstance(store, PoolStore):  # before the ledger's adopt: it has no capacity
             store.pool.adopt(found[0], store)
             self._ledger.capacity = None  # the pool's, for every process together
+        self._eviction = options["eviction"]
+        self._adopt(*found)
+        self._sizing.start(store.pool.capacity if isinstance(store, PoolStore)
+                           else options["capacity"], options["sizing_sample"],
+                           eviction=self._eviction)
 
     def _adopt(self, index: OrderedDict[bytes, int], stale: int, rescanned: int) -> None:
         with self._lock:
-            self._ledger.adopt(index)
+            self._ledger.adopt(index, self._eviction)
             self._stale_tmp_removed += stale
             self._leaves_rescanned = rescanned
 
@@ -159,7 +171,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             capacity=(self._store.pool.capacity if isinstance(self._store, PoolStore)
                       else self._ledger.capacity),
             reports_evictions=True,
-            extra={"eviction": "lru", "local": self._store.local, "io_threads": self._threads},
+            extra={"eviction": self._eviction, "local": self._store.local,
+                   "io_threads": self._threads},
         )
 
     def _stats(self) -> Mapping[str, int | float]:
@@ -180,6 +193,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                 stats["capacity_bytes"] = ledger.capacity
         if isinstance(self._store, PoolStore):
             stats.update(self._store.pool.stats())
+        stats.update(self._sizing.stats())
         return stats
 
     def _close(self) -> None:
@@ -221,13 +235,17 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
     ) -> Sequence[bool]:
         sizes = [b.nbytes if isinstance(b, memoryview) else len(b) for b in blocks]
-        return self._write_blocks(keys, [(b,) for b in blocks], sizes, evicted)
+        stored = self._write_blocks(keys, [(b,) for b in blocks], sizes, evicted)
+        self._sizing.stored(keys, sizes)
+        return stored
 
     def _put_parts(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
     ) -> Sequence[bool]:
         sizes = [sum(map(nbytes, ps)) for ps in parts]
-        return self._write_blocks(keys, parts, sizes, evicted)
+        stored = self._write_blocks(keys, parts, sizes, evicted)
+        self._sizing.stored(keys, sizes)
+        return stored
 
     def _write_blocks(
         self,
@@ -299,7 +317,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             if not self.is_open:
                 raise self.closed_error()
             if key in ledger.index:
-                ledger.index.move_to_end(key)
+                ledger.use(key)
                 return True
             cap = ledger.capacity
             if cap is not None and ledger.used + ledger.reserved + size > cap:
@@ -504,6 +522,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             if not self.is_open:
                 raise self.closed_error()
             known = self._ledger.touch(keys), self._ledger.deletions
+        self._sizing.got(keys)
         if isinstance(self._store, PoolStore):
             self._store.pool.touch(keys)  # a use, whichever process wrote them
         return known

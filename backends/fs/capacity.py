@@ -2,7 +2,9 @@
 
 :class:`Ledger` keeps the index (key -> stored size, least recently used
 first), the bytes it adds up to, the room reserved for writes in flight and
-the keys whose files are being deleted.  It does no I/O: the backend
+the keys whose files are being deleted.  With ``eviction: s3fifo`` an
+:class:`~kvtier.backends.eviction.S3Fifo` accounting object, fed ``Sized``
+stand-ins, holds the order instead and names the victims.  It does no I/O: the backend
 (:mod:`kvtier.backends.fs`) calls it with its lock held, which is never held
 during I/O, and does the reads, writes and deletes it decides.
 """
@@ -14,6 +16,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from kvtier.spec import first_positions
+from kvtier.spec.base import Evicted
+
+from ..eviction import S3Fifo, Sized
 
 __all__ = ["Ledger", "Victim"]
 
@@ -37,6 +42,9 @@ class Ledger:
         # key -> stored size, least recently used first
         self.index: OrderedDict[bytes, int] = OrderedDict()
         self.used = 0
+        # eviction: s3fifo with a capacity: the order of eviction (the index's order
+        # is then only the order of arrival)
+        self.policy: S3Fifo | None = None
         # bytes of writes in flight, counted against the capacity before they
         # land so that concurrent puts cannot overshoot it together
         self.reserved = 0
@@ -50,17 +58,45 @@ class Ledger:
         self.evicted_bytes = 0
         self.found_on_disk = 0
 
-    def adopt(self, index: OrderedDict[bytes, int]) -> None:
-        """Start from ``index``, as found on disk at open."""
+    def adopt(self, index: OrderedDict[bytes, int], eviction: str = "lru") -> None:
+        """Start from ``index``, as found on disk at open, entering it in that order."""
         self.index = index
         self.used = sum(index.values())
+        self.policy = None
+        if eviction == "s3fifo" and self.capacity is not None:
+            self.policy = S3Fifo(self.capacity)
+            for key, size in index.items():
+                self._enter(key, size)
 
     def admit(self, key: bytes, size: int) -> None:
         if key in self.index:
-            self.index.move_to_end(key)
+            self.use(key)
         else:
             self.index[key] = size
             self.used += size
+            if self.policy is not None:
+                self._enter(key, size)
+
+    def use(self, key: bytes) -> None:
+        """A use of ``key``, which the index holds."""
+        if self.policy is not None:
+            self.policy.access(key)
+        else:
+            self.index.move_to_end(key)
+
+    def _enter(self, key: bytes, size: int) -> None:
+        """Enter ``key`` in the policy, which never evicts here: the room was made by
+        :meth:`plan`, and a block found on disk over the capacity is evicted by the
+        next put, as under LRU."""
+        assert self.policy is not None
+        self.policy.enter(key, Sized(size))  # type: ignore[arg-type]
+
+    def _drop(self, key: bytes) -> None:
+        size = self.index.pop(key, None)
+        if size is not None:
+            self.used -= size
+            if self.policy is not None:
+                self.policy.remove(key)
 
     def release(self, size: int) -> None:
         """Give back ``size`` bytes reserved for writes that landed or failed; wake the
@@ -74,7 +110,7 @@ class Ledger:
         index = self.index
         for key in keys:
             if key in index:
-                index.move_to_end(key)
+                self.use(key)
                 known.append(True)
             else:
                 known.append(False)
@@ -83,9 +119,7 @@ class Ledger:
     def doom(self, keys: Sequence[bytes]) -> None:
         """Drop ``keys`` from the index while their files are deleted."""
         for key in keys:
-            size = self.index.pop(key, None)
-            if size is not None:
-                self.used -= size
+            self._drop(key)
             self.doomed[key] = self.doomed.get(key, 0) + 1
 
     def undoom(self, keys: Sequence[bytes]) -> None:
@@ -117,7 +151,7 @@ class Ledger:
             if size is None:
                 # deleted by another process: a miss, and no longer counted
                 if hit and key in self.index:
-                    self.used -= self.index.pop(key)
+                    self._drop(key)
             elif key not in self.index and key not in self.doomed:
                 # Written by another process.  Counting it may overshoot
                 # the capacity; the next put evicts back under it (and
@@ -159,7 +193,7 @@ class Ledger:
             if first is not None and first[key] != i:
                 continue
             if key in index:
-                index.move_to_end(key)
+                self.use(key)
                 results[i] = True
                 continue
             size = sizes[i]
@@ -194,7 +228,7 @@ class Ledger:
         over = self.used + self.reserved + size - cap
         while over > 0:
             if index:
-                vkey, vsize = index.popitem(last=False)
+                vkey, vsize = self._victim()
                 self.used -= vsize
                 self.doomed[vkey] = self.doomed.get(vkey, 0) + 1
                 victims.append((vkey, None))
@@ -219,3 +253,13 @@ class Ledger:
                 break
             over -= vsize
         return over <= 0, head
+
+    def _victim(self) -> tuple[bytes, int]:
+        """Take the next victim out of the index: the least recently used, or the one
+        the policy evicts."""
+        if self.policy is None:
+            return self.index.popitem(last=False)
+        out: Evicted = []
+        self.policy.make_room(1, out)  # one block evicted, after the moves it makes
+        key = out[0][0]
+        return key, self.index.pop(key)

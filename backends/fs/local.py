@@ -38,6 +38,12 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 class LocalStore(DirectIO, Store):
     local = True
 
+    def evicted(self, fd: int) -> bool:
+        """Whether the file open as ``fd`` was evicted while it was read, so that what was
+        read may be cut short or zeros: never here, where a file is only unlinked (its
+        reader keeps the whole block); the shared pool truncates its victims."""
+        return False
+
     def create_root(self) -> None:
         os.makedirs(self.nsroot, exist_ok=True)
 
@@ -114,7 +120,7 @@ class LocalStore(DirectIO, Store):
             # growth, no second copy (bytes is immutable, the caller may keep it)
             data = os.read(fd, size)
             if len(data) == size:
-                return data
+                return None if self.evicted(fd) else data
             # short read: over 2 GiB (Linux caps one read) or a concurrent tamper
             chunks = [data]
             got = len(data)
@@ -124,7 +130,7 @@ class LocalStore(DirectIO, Store):
                     break
                 chunks.append(more)
                 got += len(more)
-            return b"".join(chunks)
+            return None if self.evicted(fd) else b"".join(chunks)
         finally:
             os.close(fd)
 
@@ -135,28 +141,31 @@ class LocalStore(DirectIO, Store):
         try:
             size = os.fstat(fd).st_size
             bufs = byte_views(buffers)
-            if size != sum(map(len, bufs)):
-                return size  # the caller falls back to get(); skip the read
-            if not size:
-                return 0
-            got = self.read_large(fd, size, bufs)
-            if got is not None:
-                return got
-            # straight into the caller's memory: no intermediate bytes object
-            offset = os.preadv(fd, bufs[:IOV_MAX], 0)
-            if offset == size:
-                return size
-            views = [memoryview(b) for b in bufs]  # slicing must not copy
-            _advance(views, offset)
-            while views:
-                n = os.preadv(fd, views[:IOV_MAX], offset)
-                if n == 0:
-                    return offset  # shrank under us: report what was there
-                offset += n
-                _advance(views, n)
-            return size
+            # a size other than the buffers': the caller falls back to get(); skip the read
+            got = self._read_all_into(fd, size, bufs) if size == sum(map(len, bufs)) else size
+            return None if self.evicted(fd) else got
         finally:
             os.close(fd)
+
+    def _read_all_into(self, fd: int, size: int, bufs: list[Any]) -> int:
+        if not size:
+            return 0
+        got = self.read_large(fd, size, bufs)
+        if got is not None:
+            return got
+        # straight into the caller's memory: no intermediate bytes object
+        offset = os.preadv(fd, bufs[:IOV_MAX], 0)
+        if offset == size:
+            return size
+        views = [memoryview(b) for b in bufs]  # slicing must not copy
+        _advance(views, offset)
+        while views:
+            n = os.preadv(fd, views[:IOV_MAX], offset)
+            if n == 0:
+                return offset  # shrank under us: report what was there
+            offset += n
+            _advance(views, n)
+        return size
 
     def size(self, key: bytes) -> int | None:
         try:

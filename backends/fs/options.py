@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from kvtier.spec import Option
 
+from ..sizing import SIZING_OPTION
 from .open import check_url
 from .pool import POOL_OPTIONS
 
@@ -33,9 +34,17 @@ OPTIONS: Mapping[str, Option] = {
     ),
     "capacity": Option(
         "size",
-        "bytes of block files to keep before evicting the least recently used; unset for unbounded",
+        "bytes of block files to keep before evicting (see eviction); unset for unbounded",
         default=None,
         check=_check_capacity,
+    ),
+    "eviction": Option(
+        "str",
+        "which block to drop when full: lru, or s3fifo (blocks used once leave first, "
+        "so a scan does not flush the reused ones); every process on a pooled root "
+        "must name the same",
+        default="lru",
+        choices=("lru", "s3fifo"),
     ),
     "create": Option(
         "bool",
@@ -69,5 +78,6 @@ OPTIONS: Mapping[str, Option] = {
         default={},
         secret=True,
     ),
+    "sizing_sample": SIZING_OPTION,
     **POOL_OPTIONS,
 }

@@ -4,36 +4,28 @@ Without this module each process keeps its own count (:mod:`.capacity`), so
 N processes on one directory fill it to N times the capacity.  Here every
 process opening a local root with ``capacity`` or ``min_free`` shares one
 index, ``<root>/.kvtier-pool.db``: SQLite in WAL mode, one row per block
-(namespace, key, size, state, writer, last use) and the bytes per namespace
-and for the whole root.
+(namespace, key, size, state, writer, last use), the bytes per namespace and
+for the root, and each process's credit.  docs/shared-capacity.md has the
+whole design; in short:
 
-- **Room is taken before a file is written.**  A put reserves its blocks'
-  bytes in one transaction (state ``W``), writes the files, and marks each
-  stored (``S``) or drops its row.  A row exists before its file and goes
-  after it, so the bytes on disk never exceed the bytes counted: with every
-  process in the pool, block files stay within the capacity, and the only
-  overshoot is a file another process made without the pool (a tier with
-  ``pool: false``, a copy by hand) until it is found at the next open.
-- **One evictor at a time.**  A put that does not fit takes the lease (one
-  row: holder, expiry; ``pool_lease``), marks the least recently used
-  blocks of the scope ``D`` in one transaction, deletes their files and then
-  their rows.  The lease passes to another process once it expires or its
-  holder's process is gone; the new holder first finishes what ``D`` rows
-  are left.  A row is deleted once (by the transaction whose ``DELETE``
-  finds it), so no block is counted off twice.
-- **Use counts across processes.**  Every get marks the blocks it asks for
-  as used now, whichever process wrote them; the order is close to LRU
-  across all sharers (wall-clock nanoseconds, one machine).
-- **The floor.**  ``min_free`` (bytes, or a percent of the filesystem) is
-  checked with ``statvfs`` at each reservation, less the writes in flight;
-  a put that would cross it evicts, and what still cannot fit is refused.
+- **Room is counted before a file is written.**  A transaction takes room
+  for a batch and a credit for the next puts; a put the credit covers takes
+  no transaction, only a line in the process's journal (:mod:`.sharing`).
+  The next transaction, or the flusher thread (:meth:`SharedPool._flush_loop`),
+  makes the rows of the writes landed, records the uses of gets, and gives
+  back the credit of a process that stopped putting.  Block files, in flight or
+  not, never exceed the room counted.
+- **One evictor at a time**, holding a lease (``pool_lease``); victims, in
+  the order of the root's ``eviction`` policy (:mod:`.pool_policy`), are
+  marked ``D``, their files deleted, then their rows, each by one
+  transaction.  The next holder first settles what a dead process left:
+  its ``D`` rows, its credit, and the files its journal names.
+- **The floor** (``min_free``) is checked with ``statvfs`` when room is
+  taken, less the bytes in flight, and again before a put from the credit.
 
-SQLite's locking relies on POSIX locks and shared memory that network
-filesystems (NFS, SMB, Lustre, CephFS, ...) do not give reliably, and a
-process on another machine cannot be told dead by its pid: on such a mount
-the pool is not used, a warning says so, and the capacity holds per process.
-Rows ``W`` of a process that died are settled by the next evictor: stored if
-the file is there, dropped if not (by pid, so one pid namespace).
+On network filesystems SQLite's locks cannot be trusted and a sharer on
+another machine cannot be told dead by its pid: there the pool is not used
+and a warning says so.
 """
 
 from __future__ import annotations
@@ -41,123 +33,37 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from kvtier.spec import Option
-
 from .local import LocalStore
+from .pool_policy import PoolPolicy, prepare
+from .sharing import (
+    DB_NAME,
+    POOL_OPTIONS,
+    alive,
+    journal_keys,
+    journal_path,
+    network_fs,
+    parse_min_free,
+)
 
 log = logging.getLogger("kvtier.backends.fs")
 
 __all__ = ["DB_NAME", "POOL_OPTIONS", "PoolStore", "SharedPool", "network_fs"]
 
-DB_NAME = ".kvtier-pool.db"
-#: Filesystems whose locking SQLite cannot trust, or whose sharers are on other machines.
-NETWORK_FS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "ceph", "fuse.ceph", "fuse.cephfs",
-    "glusterfs", "fuse.glusterfs", "gpfs", "beegfs", "9p", "fuse.sshfs", "afs", "ocfs2",
-    "gfs2", "fuse.s3fs", "fuse.juicefs", "fuse.gcsfuse",
-})
-_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _POLL_S = 0.005  # a put waiting for room looks again this often
 _BUSY_S = 30.0  # the longest a transaction waits for another's to end
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS blocks(
-    ns TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL,
-    writer TEXT NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (ns, key)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS blocks_lru ON blocks(state, used);
-CREATE INDEX IF NOT EXISTS blocks_ns_lru ON blocks(ns, state, used);
-CREATE TABLE IF NOT EXISTS totals(
-    scope TEXT PRIMARY KEY, bytes INTEGER NOT NULL, inflight INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS lease(
-    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, expires REAL NOT NULL);
-INSERT OR IGNORE INTO totals VALUES ('*', 0, 0);
-INSERT OR IGNORE INTO lease VALUES (1, '', 0);
-"""
-
-
-def _check_min_free(value: str) -> None:
-    _parse_min_free(value)
-
-
-def _parse_min_free(value: str | int) -> tuple[int, float]:
-    """``(bytes, fraction)``: one of them is 0."""
-    from kvtier.plugins.options import parse_size  # the options' own parser, one home
-
-    match = _PERCENT_RE.match(str(value))
-    if match:
-        pct = float(match.group(1))
-        if not 0 < pct < 100:
-            raise ValueError(f"expected a percent between 0 and 100, got {value!r}")
-        return 0, pct / 100
-    size = parse_size(value)
-    if size < 1:
-        raise ValueError(f"expected bytes (4GiB) or a percent (10%), got {value!r}")
-    return size, 0.0
-
-
-POOL_OPTIONS: Mapping[str, Option] = {
-    "pool": Option(
-        "bool",
-        "local roots: capacity and min_free hold for every process sharing the root "
-        "together (a shared index, <root>/.kvtier-pool.db); false: per process",
-        default=True,
-    ),
-    "capacity_scope": Option(
-        "str",
-        "namespace: capacity bounds this tier's namespace; pool: every namespace of the "
-        "root together (local roots with pool on)",
-        default="namespace",
-        choices=("namespace", "pool"),
-    ),
-    "min_free": Option(
-        "str",
-        "local roots: keep this much of the filesystem free (4GiB or 10%): puts evict to "
-        "stay above it, and are refused when they cannot",
-        default=None,
-        check=_check_min_free,
-    ),
-    "pool_lease": Option(
-        "duration",
-        "how long the evictor's lease lasts: a dead evictor is replaced within it",
-        default="10s",
-    ),
-}
-
-
-def network_fs(path: str) -> str | None:
-    """The type of the network filesystem holding ``path``, or None for a local one."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = real == point or real.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        return None  # no /proc: nothing to tell
-    return kind if kind in NETWORK_FS else None
-
-
-def _alive(writer: str) -> bool:
-    try:
-        os.kill(int(writer.split(":", 1)[0]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+_FLUSH_S = 0.05  # a process that stopped putting flushes (rows, uses, credit) this soon ...
+_STALE_S = 0.5  # ... and one putting from its credit at least this often
+_CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
+_CREDIT_SHARE = 16  # ... and at most this fraction of the capacity
+_JOURNAL_MAX = 1 << 16  # a process's journal is emptied once it is longer
+_ROW = "(ns, key, size, state, writer, used)"  # the policy's columns take their defaults
 
 
 #: Deletes the victims' files; answers, per victim, whether its file is gone.
@@ -165,21 +71,35 @@ Drop = Callable[[list[tuple[str, bytes]]], list[bool]]
 
 
 class SharedPool:
-    """This process's handle on the shared index of one root; thread-safe."""
+    """This process's handle on the shared index of one root; thread-safe.
+
+    Two locks: ``_db_lock`` (the connection; held for a whole transaction,
+    taken first) and ``_lock`` (this process's credit, writes and uses; held for
+    microseconds, so a put served from the credit never waits for SQLite).
+    """
 
     def __init__(self, root: str, ns: str, capacity: int | None, scope: str,
-                 min_free: str | None, lease_s: float) -> None:
+                 min_free: str | None, lease_s: float, eviction: str = "lru") -> None:
         self.root, self.ns, self.capacity = root, ns, capacity
         self.scope = "*" if scope == "pool" else ns
-        self.floor = _parse_min_free(min_free) if min_free is not None else None
+        self.floor = parse_min_free(min_free) if min_free is not None else None
         self.lease_s = lease_s
         self.me = f"{os.getpid()}:{secrets.token_hex(4)}"
-        self.mine: dict[bytes, int] = {}  # keys this process reserved, not yet settled
-        # writes landed, (key, size, reserved), marked stored at this process's next
-        # transaction: a transaction per block would cost more than a 2 MiB write
+        self.files = LocalStore(f"{root}/{ns}")
+        self.spare = 0  # credit: bytes counted in the index, not yet given to a write
+        self.held = 0  # spare + mine + landed's reservations: this process's in flight
+        self.mine: dict[bytes, int] = {}  # keys given credit, being written
+        # writes landed, (key, size, reserved): their rows are made by the next flush
         self.landed: list[tuple[bytes, int, int]] = []
+        self.used: dict[bytes, int] = {}  # reads since the last flush: key -> when (lru),
+        # or how many (s3fifo)
         self.evicted_blocks = self.refused = 0
-        self._lock = threading.Lock()  # the connection's; never held during file I/O
+        self._journal = journal_path(root, self.me)
+        self._journal_fd = -1
+        self._journaled = 0  # bytes appended since the journal was last emptied
+        self._last_put = self._flushed = 0.0
+        self._lock = threading.Lock()  # the credit's; never held during I/O
+        self._db_lock = threading.Lock()  # the connection's; never held during file I/O
         self._evicting = threading.Lock()
         self._db = sqlite3.connect(os.path.join(root, DB_NAME), timeout=0.1,
                                    isolation_level=None, check_same_thread=False)
@@ -189,37 +109,43 @@ class SharedPool:
         # bytes, which no capacity counts, stay small beside min_free
         self._db.execute("PRAGMA wal_autocheckpoint=256")
         self._db.execute("PRAGMA journal_size_limit=1048576")
-        with self._txn() as db:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute("INSERT OR IGNORE INTO totals VALUES (?, 0, 0)", (ns,))
+        try:
+            with self._txn() as db:  # the schema, and the one policy of the root
+                self.policy: PoolPolicy = prepare(db, eviction, root, ns, capacity, self.scope)
+        except BaseException:
+            self._db.close()
+            raise
+        self._closing = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                         name="kvtier-fs-pool")
+        self._flusher.start()
 
     # transactions ------------------------------------------------------------
-    class _Txn:
-        def __init__(self, db: sqlite3.Connection) -> None:
-            self.db = db
+    @contextlib.contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, ``_db_lock`` held throughout.
 
-        def __enter__(self) -> sqlite3.Connection:
-            # SQLite's own busy handler sleeps 1, 2, 5, 10 ms ... between tries: under
-            # four writers that cost more than the writes; a transaction here lasts
-            # tens of microseconds, so look again sooner
+        SQLite's own busy handler sleeps 1, 2, 5, 10 ms ... between tries: under
+        four writers that cost more than the writes; a transaction here lasts
+        tens of microseconds, so look again sooner.
+        """
+        with self._db_lock:
             delay, deadline = 50e-6, time.monotonic() + _BUSY_S
             while True:
                 try:
-                    self.db.execute("BEGIN IMMEDIATE")
-                    return self.db
+                    self._db.execute("BEGIN IMMEDIATE")
+                    break
                 except sqlite3.OperationalError as exc:
                     if "locked" not in str(exc) or time.monotonic() > deadline:
                         raise
                 time.sleep(delay)
                 delay = min(delay * 2, 2e-3)
-
-        def __exit__(self, kind: Any, *rest: Any) -> None:
-            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
-
-    def _txn(self) -> SharedPool._Txn:
-        return SharedPool._Txn(self._db)
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     @staticmethod
     def _add(db: sqlite3.Connection, ns: str, size: int, inflight: int) -> None:
@@ -230,16 +156,17 @@ class SharedPool:
     def adopt(self, found: Mapping[bytes, int], store: LocalStore) -> None:
         """Count the files found at open that the index lacks; drop rows whose file is gone.
 
-        Each is checked on disk inside the transaction: a row is made before
-        its file and deleted after it, so a file seen while the write lock is
-        held and no row names it is a file nobody counts.
+        Each is checked on disk inside the transaction.  A file no row names is
+        counted even if it is a write from another process's credit that has
+        not made its row yet: that process then finds the row and gives back
+        its credit, so the file is counted once.
         """
         now = time.time_ns() - len(found)
-        with self._lock, self._txn() as db:
+        with self._txn() as db:
             rows = dict(db.execute("SELECT key, state FROM blocks WHERE ns = ?", (self.ns,)))
             for pos, key in enumerate(found):
                 if key not in rows and (size := store.size(key)) is not None:
-                    db.execute("INSERT INTO blocks VALUES (?, ?, ?, 'S', ?, ?)",
+                    db.execute(f"INSERT INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
                                (self.ns, key, size, self.me, now + pos))
                     self._add(db, self.ns, size, 0)
             for key, state in rows.items():
@@ -249,31 +176,48 @@ class SharedPool:
                     self._add(db, self.ns, -size, 0)
 
     def close(self) -> None:
-        with self._lock:
-            try:
-                with self._txn() as db:
-                    self._mark_landed(db)
-            finally:
+        self._closing.set()
+        self._flusher.join()
+        try:
+            with self._txn() as db:
+                self._flush(db, spare=True)
+                left, self.mine = sum(self.mine.values()), {}  # never settled: none landed
+                if left:
+                    self._add(db, self.ns, -left, -left)
+                db.execute("DELETE FROM writers WHERE writer = ?", (self.me,))
+            if self._journal_fd >= 0:
+                os.close(self._journal_fd)
+                self._journal_fd = -1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._journal)
+        finally:
+            with self._db_lock:
                 self._db.close()
 
     # the data path ------------------------------------------------------------
     def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], drop: Drop) -> list[str]:
-        """Take room for ``keys``: per block ``new`` (reserved: write it), ``have`` (stored
-        or being written by someone: nothing to write), ``no`` (refused) or ``pushed``
+        """Take room for ``keys``: per block ``new`` (reserved: write it), ``have`` (being
+        written by this process: nothing to write), ``no`` (refused) or ``pushed``
         (made way for a later block of the batch: stored and evicted at once).
 
-        Evicts through ``drop`` (which deletes the files it is given) while it
-        holds the lease; waits for the lease or for writes in flight to land
-        at most :attr:`lease_s`.
+        A batch the credit covers takes no transaction; otherwise one takes room
+        for it and a new credit, evicting through ``drop`` (which deletes the
+        files it is given) under the lease, waiting for the lease or for writes
+        in flight at most :attr:`lease_s`.  The keys granted are journaled.
         """
         out = ["no"] * len(keys)
+        self._last_put = time.monotonic()
+        with self._lock:
+            fast = self._from_credit(keys, sizes, out)
+        if fast:
+            self._log(keys, out)
+            return out
         pending = list(range(len(keys)))
         deadline = time.monotonic() + self.lease_s
         while True:
-            with self._lock:
-                pending, need, waiting = self._grant(keys, sizes, pending, out)
+            pending, need, waiting = self._grant(keys, sizes, pending, out)
             if not pending:
-                return out
+                break
             freed, tried, kept = 0, False, 0
             # one evicting thread per process: the lease is the process's
             if need > 0 and self._evicting.acquire(blocking=False):
@@ -291,7 +235,7 @@ class SharedPool:
                 self._push_out(keys, out)
                 continue
             if freed <= 0:
-                with self._lock:
+                with self._db_lock:
                     held = self._lease_held()
                     # asked again: others may have taken the room since the grant
                     waiting = waiting or self._db.execute(
@@ -302,7 +246,43 @@ class SharedPool:
                 time.sleep(_POLL_S)
         with self._lock:
             self.refused += len(pending)
+        self._log(keys, out)
         return out
+
+    def _from_credit(self, keys: Sequence[bytes], sizes: Sequence[int], out: list[str]) -> bool:
+        """Grant the whole batch from the credit (``_lock`` held), or nothing."""
+        want = sum(size for key, size in zip(keys, sizes, strict=True) if key not in self.mine)
+        if want > self.spare:
+            return False
+        if self.floor is not None:
+            # the floor was checked when the credit was taken; another program may
+            # have filled the disk since: then the transaction checks again
+            st = os.statvfs(self.root)
+            floor = self.floor[0] or int(self.floor[1] * st.f_blocks * st.f_frsize)
+            if st.f_bavail * st.f_frsize - floor < self.spare:
+                return False
+        for i, key in enumerate(keys):
+            if key in self.mine:
+                out[i] = "have"
+            else:
+                self.mine[key] = sizes[i]
+                out[i] = "new"
+        self.spare -= want
+        return True
+
+    def _log(self, keys: Sequence[bytes], out: list[str]) -> None:
+        """Append the keys granted to the journal, before their files are written: if
+        this process dies, the evictor counts the files it finds of them."""
+        lines = b"".join(key.hex().encode() + b"\n"
+                         for key, verdict in zip(keys, out, strict=True) if verdict == "new")
+        if not lines:
+            return
+        with self._lock:
+            if self._journal_fd < 0:
+                self._journal_fd = os.open(self._journal, os.O_WRONLY | os.O_CREAT
+                                           | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            self._journaled += len(lines)
+            os.write(self._journal_fd, lines)  # one O_APPEND write of a few lines
 
     def _room(self, db: sqlite3.Connection) -> tuple[int | None, int | None, int]:
         """Bytes the capacity and the floor leave, and the bytes in flight in the scope."""
@@ -321,35 +301,46 @@ class SharedPool:
     def _grant(self, keys: Sequence[bytes], sizes: Sequence[int], pending: list[int],
                out: list[str]) -> tuple[list[int], int, bool]:
         left: list[int] = []
-        now = time.time_ns()
+        taken = 0
         with self._txn() as db:
-            grown, flying = self._mark_landed(db, apply=False)
+            self._flush(db, spare=True)
             cap, floor, inflight = self._room(db)
-            for i in pending:
-                key, size = keys[i], sizes[i]
-                if self.capacity is not None and size > self.capacity:
-                    continue  # can never fit
-                fits = (cap is None or size <= cap) and (floor is None or size <= floor)
-                # the usual case is one statement: the insert, refused for a known key
-                if fits and db.execute("INSERT OR IGNORE INTO blocks VALUES (?, ?, ?, 'W', ?, ?)",
-                                       (self.ns, key, size, self.me, now)).rowcount:
-                    grown, flying = grown + size, flying + size
-                    self.mine[key] = size
-                    out[i] = "new"
-                    cap = None if cap is None else cap - size
-                    floor = None if floor is None else floor - size
-                    continue
-                row = db.execute("SELECT state FROM blocks WHERE ns = ? AND key = ?",
-                                 (self.ns, key)).fetchall()
-                if row:
-                    out[i] = "no" if row[0][0] == "D" else "have"
-                else:
-                    left.append(i)
-            if grown or flying:
-                self._add(db, self.ns, grown, flying)
+            with self._lock:
+                for i in pending:
+                    key, size = keys[i], sizes[i]
+                    if key in self.mine:
+                        out[i] = "have"
+                    elif self.capacity is not None and size > self.capacity:
+                        continue  # can never fit
+                    elif (cap is None or size <= cap) and (floor is None or size <= floor):
+                        self.mine[key] = size
+                        out[i] = "new"
+                        taken += size
+                        cap = None if cap is None else cap - size
+                        floor = None if floor is None else floor - size
+                    else:
+                        left.append(i)
+                if not left and taken:
+                    # credit for the next puts, in whole batches of this one's size, from
+                    # at most half the room left: a put that evicts is not starved by it
+                    limit = _CREDIT_MAX if self.capacity is None else min(
+                        _CREDIT_MAX, self.capacity // _CREDIT_SHARE)
+                    for room in (cap, floor):
+                        limit = limit if room is None else min(limit, room // 2)
+                    self.spare += limit // taken * taken
+                    taken += limit // taken * taken
+                self.held += taken
+            if taken:
+                self._add(db, self.ns, taken, taken)
+                self._record_held(db)
         want = sum(sizes[i] for i in left)
         need = max(0 if cap is None else want - cap, 0 if floor is None else want - floor)
         return left, need, inflight > 0
+
+    def _record_held(self, db: sqlite3.Connection) -> None:
+        with self._lock:
+            held = self.held
+        db.execute("INSERT OR REPLACE INTO writers VALUES (?, ?, ?)", (self.me, self.ns, held))
 
     def settle(self, key: bytes, size: int | None) -> None:
         """The write of ``key`` reserved here landed (``size`` bytes) or failed (None)."""
@@ -359,29 +350,83 @@ class SharedPool:
                 return
             if size is not None:
                 self.landed.append((key, size, reserved))
-                return
-            with self._txn() as db:
-                gone = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND writer = ?",
-                                  (self.ns, key, self.me)).rowcount
-                if gone:
-                    self._add(db, self.ns, -reserved, -reserved)
+            else:
+                self.spare += reserved  # given back at the next flush
 
-    def _mark_landed(self, db: sqlite3.Connection, apply: bool = True) -> tuple[int, int]:
-        """Mark the writes landed since the last transaction stored (``_lock`` held);
-        answer the change to the totals (bytes, in flight), made unless not ``apply``."""
+    def _flush(self, db: sqlite3.Connection, spare: bool) -> None:
+        """Make the rows of the writes landed, record the uses, and give back the credit
+        if ``spare`` (in a transaction; ``_lock`` only to take and give back the lists,
+        so that puts from the credit and landing writes do not wait for the rows)."""
+        with self._lock:
+            self._flushed = time.monotonic()
+            landed, self.landed = self.landed, []
+            used, self.used = self.used, {}
+            give = self.spare if spare else 0
+            self.spare -= give
+        try:
+            grown, flying, wait = self._make_rows(db, landed, used)
+        except BaseException:
+            with self._lock:  # rolled back: all of it waits for the next transaction
+                self.landed[:0] = landed
+                self.used = self.policy.merge(used, self.used)
+                self.spare += give
+            raise
+        with self._lock:
+            self.landed[:0] = wait
+            released = sum(reserved for *_, reserved in landed) - sum(r for *_, r in wait)
+            self.held -= released + give
+            if self._journaled > _JOURNAL_MAX and not self.mine and not self.landed:
+                # every key it lists has its row now: empty it, so it stays short (rarely:
+                # an index file that shrinks and grows at once is harder to account for)
+                os.ftruncate(self._journal_fd, 0)
+                self._journaled = 0
+        if grown or flying or give:
+            self._add(db, self.ns, grown - give, flying - give)
+            self._record_held(db)
+
+    def _make_rows(self, db: sqlite3.Connection, landed: list[tuple[bytes, int, int]],
+                   used: dict[bytes, int]) -> tuple[int, int, list[tuple[bytes, int, int]]]:
+        """The rows of ``landed``, the uses ``used``; answer the change to the totals
+        (bytes, in flight) and the writes whose row an evictor is deleting."""
         grown = flying = 0
-        if not self.landed:
-            return grown, flying
         now = time.time_ns()
-        for key, size, reserved in self.landed:
-            if db.execute("UPDATE blocks SET state = 'S', size = ?, used = ? "
-                          "WHERE ns = ? AND key = ? AND writer = ? AND state = 'W'",
-                          (size, now, self.ns, key, self.me)).rowcount:
+        wait, made = [], []
+        for key, wrote, reserved in landed:
+            size = self.files.size(key)  # None: deleted since by an explicit evict
+            if size is not None and db.execute(
+                    f"INSERT OR IGNORE INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
+                    (self.ns, key, size, self.me, now)).rowcount:
                 grown, flying = grown + size - reserved, flying - reserved
-        self.landed.clear()
-        if apply and (grown or flying):
-            self._add(db, self.ns, grown, flying)
-        return grown, flying
+                made.append(key)
+                continue
+            state = size is not None and db.execute(
+                "SELECT state FROM blocks WHERE ns = ? AND key = ?", (self.ns, key)).fetchall()
+            if state and state[0][0] == "D":
+                wait.append((key, wrote, reserved))  # an evictor deletes it: count it after
+            else:  # stored by another process already, or gone
+                grown, flying = grown - reserved, flying - reserved
+        self.policy.admitted(db, self.ns, made)
+        if used:
+            self.policy.record_uses(db, self.ns, used)
+        return grown, flying, wait
+
+    def _flush_loop(self) -> None:
+        """The rows of landed writes, the uses, and the credit of a process that stopped
+        putting, so that others can evict and use them: :data:`_FLUSH_S` after its last
+        put.  While it puts, its transactions for credit flush, and this thread only
+        if they are over :data:`_STALE_S` apart (a transaction less is a change less
+        that the other processes' connections read back)."""
+        while not self._closing.wait(_FLUSH_S):
+            now = time.monotonic()
+            idle = now - self._last_put > _FLUSH_S
+            with self._lock:
+                due = bool(self.landed or self.used or (idle and self.spare))
+            if due and (idle or now - self._flushed > _STALE_S):
+                try:
+                    with self._txn() as db:
+                        self._flush(db, spare=idle)
+                except (sqlite3.Error, OSError) as exc:  # tried again in the next round
+                    log.warning("fs pool %s: flush failed: %s", self.root, exc)
 
     def _push_out(self, keys: Sequence[bytes], out: list[str]) -> None:
         i = out.index("new")
@@ -389,17 +434,16 @@ class SharedPool:
         self.settle(keys[i], None)
 
     def touch(self, keys: Sequence[bytes]) -> None:
-        """A read of ``keys``, by any process, counts as a use."""
+        """A read of ``keys``, by any process, counts as a use: recorded by the next
+        transaction of this process (:meth:`_flush_loop`)."""
         now = time.time_ns()
-        with self._lock, self._txn() as db:
-            self._mark_landed(db)
-            db.executemany("UPDATE blocks SET used = ? WHERE ns = ? AND key = ? AND state = 'S'",
-                           [(now, self.ns, key) for key in keys])
+        with self._lock:
+            self.policy.touch(self.used, keys, now)
 
     def forget(self, keys: Sequence[bytes]) -> None:
         """``keys`` are about to be deleted by the caller (an explicit evict)."""
-        with self._lock, self._txn() as db:
-            self._mark_landed(db)
+        with self._txn() as db:
+            self._flush(db, spare=False)
             for key in keys:
                 row = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND state = 'S' "
                                  "RETURNING size", (self.ns, key)).fetchall()
@@ -408,85 +452,84 @@ class SharedPool:
 
     # the evictor ------------------------------------------------------------------
     def _lease_held(self) -> bool:
-        """Whether another process holds a live lease (so room may come)."""
+        """Whether another process holds a live lease (so room may come); ``_db_lock`` held."""
         holder, expires = self._db.execute("SELECT holder, expires FROM lease").fetchall()[0]
-        return holder != self.me and expires > time.time() and _alive(holder)
+        return holder != self.me and expires > time.time() and alive(holder)
 
     def _take_lease(self) -> bool:
-        with self._lock, self._txn() as db:
+        with self._txn() as db:
             holder, expires = db.execute("SELECT holder, expires FROM lease").fetchall()[0]
-            if holder != self.me and expires > time.time() and _alive(holder):
+            if holder != self.me and expires > time.time() and alive(holder):
                 return False
             db.execute("UPDATE lease SET holder = ?, expires = ?",
                        (self.me, time.time() + self.lease_s))
             return True
 
     def _evict(self, need: int, drop: Drop) -> tuple[int, int]:
-        """Delete the least recently used blocks of the scope until ``need`` bytes are free;
+        """Delete the policy's victims in the scope until ``need`` bytes are free;
         answer the bytes freed and the victims that could not be deleted.  Runs with the
         lease held and gives it back."""
         try:
-            with self._lock, self._txn() as db:
-                self._mark_landed(db)
-                self._settle_dead(db)
-                victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
-                                     ).fetchall()  # left by an evictor that died
-                where = "" if self.scope == "*" else "ns = ? AND "
-                args: tuple[Any, ...] = () if self.scope == "*" else (self.scope,)
-                held = db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {where}"
-                                  "state = 'S'", args).fetchall()[0][0]
-                if held < need and not victims:
-                    return 0, 0  # evicting all would not do: refuse, keep what is stored
-                rows = db.execute(f"SELECT ns, key, size FROM blocks WHERE {where}state = 'S' "
-                                  "ORDER BY used", args)
-                total = 0
-                for ns, key, size in rows:
-                    if total >= need:
-                        break
-                    victims.append((ns, key, size))
-                    total += size
-                rows.close()  # ends the statement, so that the commit is not held by it
-                db.executemany("UPDATE blocks SET state = 'D' WHERE ns = ? AND key = ?",
-                               [(ns, key) for ns, key, _ in victims])
+            victims = self._choose(need)
             if not victims:
                 return 0, 0
             gone = drop([(ns, key) for ns, key, _ in victims])
             freed = 0
             now = time.time_ns()
-            with self._lock, self._txn() as db:
+            with self._txn() as db:
                 for (ns, key, size), ok in zip(victims, gone, strict=True):
-                    if not ok:  # kept, and counted; the most recent now, so others go first
-                        db.execute("UPDATE blocks SET state = 'S', used = ? "
-                                   "WHERE ns = ? AND key = ? AND state = 'D'", (now, ns, key))
+                    if not ok:  # kept, and counted; the last in line now, so others go first
+                        self.policy.kept(db, ns, key, now)
                     elif db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND state = 'D'",
                                   (ns, key)).rowcount:
                         self._add(db, ns, -size, 0)
                         freed += size
+            with self._lock:
                 self.evicted_blocks += sum(gone)
             return freed, len(gone) - sum(gone)
         finally:
-            with self._lock, self._txn() as db:
+            with self._txn() as db:
                 db.execute("UPDATE lease SET expires = 0 WHERE holder = ?", (self.me,))
 
+    def _choose(self, need: int) -> list[tuple[str, bytes, int]]:
+        """Mark the victims ``D``: those an evictor that died left, then the scope's in the
+        policy's order (:mod:`.pool_policy`) until ``need`` bytes; none if all would not do."""
+        with self._txn() as db:
+            self._flush(db, spare=False)
+            self._settle_dead(db)
+            victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
+                                 ).fetchall()  # left by an evictor that died
+            held = db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE "
+                              f"{self.policy.where}state = 'S'", self.policy.args).fetchall()[0][0]
+            if held < need and not victims:
+                return []  # evicting all would not do: refuse, keep what is stored
+            victims += self.policy.choose(db, need)
+        return victims
+
     def _settle_dead(self, db: sqlite3.Connection) -> None:
-        """Rows ``W`` of other processes: stored if their file is there (published by a
-        rename, so whole: the write landed, its writer has not said so yet), dropped if
-        not and their writer is dead (by pid: one pid namespace)."""
-        rows = db.execute("SELECT ns, key, size, writer FROM blocks WHERE state = 'W' "
-                          "AND writer != ?", (self.me,)).fetchall()
-        dead: dict[str, bool] = {}
-        for ns, key, size, writer in rows:
-            on_disk = LocalStore(f"{self.root}/{ns}").size(key)
-            if on_disk is not None:
-                db.execute("UPDATE blocks SET state = 'S', size = ? WHERE ns = ? AND key = ?",
-                           (on_disk, ns, key))
-                self._add(db, ns, on_disk - size, -size)
-            elif dead.setdefault(writer, not _alive(writer)):
-                db.execute("DELETE FROM blocks WHERE ns = ? AND key = ?", (ns, key))
-                self._add(db, ns, -size, -size)
+        """What processes that died left: their credit is given back, and the files their
+        journal names that no row counts are counted (published by a rename, so whole).
+        By pid: one pid namespace."""
+        now = time.time_ns()
+        for writer, ns, held in db.execute("SELECT writer, ns, held FROM writers "
+                                           "WHERE writer != ?", (self.me,)).fetchall():
+            if alive(writer):
+                continue
+            self._add(db, ns, -held, -held)
+            files = LocalStore(f"{self.root}/{ns}")
+            path = journal_path(self.root, writer)
+            for key in journal_keys(path):
+                size = files.size(key)
+                if size is not None and db.execute(
+                        f"INSERT OR IGNORE INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
+                        (ns, key, size, writer, now)).rowcount:
+                    self._add(db, ns, size, 0)
+            db.execute("DELETE FROM writers WHERE writer = ?", (writer,))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def stats(self) -> dict[str, int]:
-        with self._lock:
+        with self._db_lock:
             used, inflight = self._db.execute(
                 "SELECT bytes, inflight FROM totals WHERE scope = ?", (self.scope,)).fetchall()[0]
         out = {"pool_bytes": used, "pool_inflight_bytes": inflight,
@@ -503,13 +546,29 @@ class PoolStore(LocalStore):
 
     def remove_victim(self, victim: tuple[str, bytes]) -> bool:
         """Delete a victim of any namespace of the root: True, its file is gone (also if
-        it was already); a fault raises, for the backend's rule on faults."""
+        it was already); a fault raises, for the backend's rule on faults.
+
+        Unlinked, then truncated: a file still open, in a read of any process or in a
+        program that holds it, would keep its bytes on the disk after its room was
+        given to another block.  Unlinked first, so that a read that overlapped the
+        truncation finds the file unlinked (:meth:`evicted`) and answers a miss."""
         ns, key = victim
         path = self.path(key) if ns == self.pool.ns else LocalStore(
             f"{self.pool.root}/{ns}").path(key)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        try:
+            fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return True
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
         return True
+
+    def evicted(self, fd: int) -> bool:
+        return os.fstat(fd).st_nlink == 0
 
     def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
         try:
@@ -536,5 +595,6 @@ def attach(store: Any, options: Mapping[str, Any], namespace: str) -> Any:
     pooled = PoolStore(store.nsroot)
     pooled.__dict__.update(store.__dict__)
     pooled.pool = SharedPool(root, namespace, options["capacity"], options["capacity_scope"],
-                             options["min_free"], options["pool_lease"])
+                             options["min_free"], options["pool_lease"],
+                             options.get("eviction", "lru"))
     return pooled

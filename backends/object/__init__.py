@@ -12,12 +12,22 @@ The bucket is the authority and is shared by design: puts are conditional
 creates (``If-None-Match: *``), so a block another instance already stored is
 neither uploaded twice nor rewritten.  Lookups may be answered from a
 short-lived presence cache.  With ``capacity`` or ``max_age`` set, the
-instance keeps an index of the namespace (rebuilt by a LIST at open) and
-deletes the oldest objects by last-modified time.  Several writers of one
+instance keeps an index of the namespace (rebuilt by a LIST at open).  Age
+deletes by last-modified time; ``capacity`` deletes the oldest objects
+(``eviction: fifo``) or what S3-FIFO drops (``s3fifo``): an object store
+cannot reorder objects, so the queues and counts live in the instance, fed
+by its own puts and the gets that found a block; what a LIST finds that it
+has not seen enters S3-FIFO's small queue (:class:`.keys.S3FifoIndex`).
+Each writer follows its own view: uses seen by other instances are not
+counted.  Several writers of one
 namespace (nodes sharing a pool) each see the others' blocks at the next
 LIST, every ``scan_interval``: ``capacity`` bounds the whole namespace after
 each pass, and between passes it can be exceeded by what the other writers
-stored since their last one.
+stored since their last one: N writers hold at most N x (capacity + 2
+batches in flight), docs/shared-capacity.md.  With ``capacity``, online sizing
+(:mod:`kvtier.backends.sizing`) estimates the hit ratio at other capacities
+from this instance's gets and puts, with the policy in use: FIFO (the
+oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index.
@@ -52,8 +62,9 @@ from kvtier.spec import (
 from kvtier.spec.base import Evicted, Scan, Tamper
 
 from .._batch import nbytes
+from ..sizing import SIZING_OPTION, Sizing
 from .faults import Bucket, first_line
-from .keys import KeyIndex, PresenceCache
+from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex
 
 if TYPE_CHECKING:
     from obstore.store import S3Config
@@ -100,10 +111,15 @@ OPTIONS: Mapping[str, Option] = {
     "connect_timeout": Option("duration", "timeout to connect", default="5s"),
     "lookup_cache_ttl": Option("duration", "lifetime of cached lookups; 0: off", default="2s"),
     "capacity": Option("size", "bytes kept in the namespace, oldest deleted; unset: no limit"),
+    "eviction": Option(
+        "str", "with capacity: which objects to delete: fifo (the oldest) or s3fifo "
+        "(frequency-aware: objects this instance read again outlive one-off ones)",
+        default="fifo", choices=INDEXES),
     "max_age": Option("duration", "delete blocks older than this; unset: keep them"),
     "scan_interval": Option(
         "duration", "with capacity or max_age: LIST the namespace this often to count "
         "other writers' blocks (0: after every put); unset: 1m"),
+    "sizing_sample": SIZING_OPTION,
 }
 
 _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -131,9 +147,11 @@ class ObjectBackend(Tamper, Scan):
         self._scan_interval: float | None = None
         self._conditional = True  # falls back to HEAD-then-PUT if the server refuses
         self._cache = PresenceCache(2.0)
-        self._index: KeyIndex | None = None  # with capacity or max_age
+        self._eviction = "fifo"
+        self._index: Index | None = None  # with capacity or max_age
         self._last_cleanup = 0.0
         self._cleaner: threading.Thread | None = None
+        self._sizing = Sizing()  # this instance's gets and puts, the policy in use
         self._counts = dict.fromkeys(
             ("uploads", "uploaded_bytes", "already_stored", "cache_hits", "heads", "deleted",
              "scans"), 0
@@ -155,7 +173,12 @@ class ObjectBackend(Tamper, Scan):
                               tuple(s for s in (options["secret_access_key"],) if s))
         self._cache.ttl, self._capacity = options["lookup_cache_ttl"], options["capacity"]
         self._max_age, self._scan_interval = options["max_age"], options["scan_interval"]
+        self._eviction = options["eviction"]
         store = self._s3_store(options)
+        # fifo: gets and puts of a key held are no use, LRU without uses is FIFO
+        fifo = self._eviction == "fifo"
+        self._sizing.start(self._capacity, options["sizing_sample"], recency=not fifo,
+                           eviction="lru" if fifo else "s3fifo")
         # One authenticated LIST proves endpoint, bucket and credentials (a HEAD
         # cannot: S3 answers 404 for a missing bucket and a missing object alike);
         # it is the index rebuild too when capacity or max_age needs one.
@@ -219,7 +242,8 @@ class ObjectBackend(Tamper, Scan):
             thread_safe=True,
             capacity=self._capacity,
             reports_evictions=False,
-            extra={"store": "s3", "conditional_put": self._conditional},
+            extra={"store": "s3", "conditional_put": self._conditional,
+                   "eviction": self._eviction},
         )
 
     def _stats(self) -> Mapping[str, int | float]:
@@ -231,6 +255,7 @@ class ObjectBackend(Tamper, Scan):
                 stats["blocks"] = len(self._index)
             if self._capacity is not None:
                 stats["capacity_bytes"] = self._capacity
+        stats.update(self._sizing.stats())
         return stats
 
     def _close(self) -> None:
@@ -264,22 +289,27 @@ class ObjectBackend(Tamper, Scan):
         failure: Exception | None = None
         victims: list[bytes] = []
         with self._lock:
+            index = self._index
             for key, out in zip(todo, outcomes):
                 if isinstance(out, Failed):
                     failure = failure or out.exc
                     continue
                 stored[key] = True
                 self._cache.remember(key, True)
-                if self._index is not None:
-                    self._index.add(key, sizes[key], now)
-            if self._index is not None and cap is not None:
-                victims = self._index.trim(cap)
+            if index is not None:
+                # keys held are used first, then the others enter: a key held may
+                # leave for the batch's new ones (as the sizing's miniatures do)
+                done = [k for k in todo if stored[k]]
+                for key in [k for k in done if k in index] + [k for k in done if k not in index]:
+                    index.add(key, sizes[key], now)
+                victims = index.trim()
                 for victim in victims:
                     self._cache.drop(victim)
         if victims:
             self._delete(store, victims)
         if failure is not None:
             raise self._bucket.fault(failure, "put") from failure
+        self._sizing.stored(list(first), [sizes[k] for k in first])
         self._maybe_cleanup()
         return [stored[k] for k in keys]
 
@@ -328,8 +358,14 @@ class ObjectBackend(Tamper, Scan):
                     continue
                 found[key] = out
                 self._cache.remember(key, out is not None)
+            if failure is None and self._index is not None:
+                # each get of a block found is a use, a repeated key as often (as sizing counts)
+                for key in keys:
+                    if found[key] is not None:
+                        self._index.access(key)
         if failure is not None:
             raise self._bucket.fault(failure, "get") from failure
+        self._sizing.got(keys)
         return [found[k] for k in keys]
 
     def _lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
@@ -471,14 +507,15 @@ class ObjectBackend(Tamper, Scan):
                     key = bytes.fromhex(rel[1])
                     listed.append((meta["last_modified"].timestamp(), rel[1], key, meta["size"]))
         cutoff = None if self._max_age is None else started - self._max_age
-        index, expired = KeyIndex.from_listing(listed, cutoff)
         with self._lock:
-            if not initial and self._index is not None:
-                # blocks this instance stored while the LIST ran are not in it
-                for key, (size, mtime) in self._index.items():
-                    if mtime >= started:
-                        index.add(key, size, mtime)
-            over = [] if self._capacity is None else index.trim(self._capacity)
+            index = self._index
+            if initial or index is None:
+                index = (S3FifoIndex(self._capacity)
+                         if self._eviction == "s3fifo" and self._capacity is not None
+                         else KeyIndex(self._capacity))
+            # blocks this instance stored while the LIST ran are not in it: kept
+            expired = index.rebuild(listed, cutoff, started)
+            over = index.trim()
             self._index = index
             for key in (*expired, *over):
                 self._cache.drop(key)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from redis_cluster import RedisClusterServer
 from seaweed_cluster import SeaweedCluster
-from shared_pool import build_tiny_model, run_two_nodes
+from shared_pool import run_two_nodes
 
 log = logging.getLogger("kvtier.tests")
 
@@ -65,13 +65,6 @@ def check_two_nodes_share(base: Path, model: str, shared: dict[str, Any]) -> Non
     assert b.tiers()[name]["hits"] == BLOCKS
     assert b.tiers()[name]["corrupt"] == 0
     assert b.tiers()[name]["puts"] == 0  # already there: nothing written again
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed")
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
 @needs_vllm

@@ -12,16 +12,24 @@ report.  Modes:
 * ``churn``: puts batches of ``batch`` blocks forever (the evictor that gets
   killed); prints ``ready`` once the first batch is stored.
 * ``chain``: a chain of one ``fs`` tier puts ``count`` framed blocks.
+* ``credit``: puts one block (the pool gives it a credit), takes the pool's
+  write lock on a connection of its own, puts ``count`` blocks one at a time
+  (from the credit: no transaction), reports them and sleeps, lock held, to
+  be killed before their rows are made.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import sqlite3
 import sys
+import time
 from typing import Any
 
 import kvtier
+from kvtier.backends.fs.pool import DB_NAME
 from kvtier.plugins.registry import BackendHandle, default_registry
 
 
@@ -87,7 +95,22 @@ def chain_mode(spec: dict[str, Any]) -> dict[str, Any]:
     return {"stored": [k.decode() for k, f in zip(keys, flags, strict=True) if f]}
 
 
-MODES = {"write": write_mode, "churn": churn_mode, "chain": chain_mode}
+def credit_mode(spec: dict[str, Any]) -> dict[str, Any]:
+    size = spec["size"]
+    handle = open_backend(spec)
+    assert list(handle.put([b"first"], [block(b"first", size)], [])) == [True]
+    lock = sqlite3.connect(os.path.join(spec["url"], DB_NAME), timeout=30,
+                           isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # no transaction of the pool's can run now
+    keys = [f"c{i}".encode() for i in range(spec["count"])]
+    flags = [handle.put([key], [block(key, size)], [])[0] for key in keys]
+    print(json.dumps({"stored": [k.decode() for k, f in zip(keys, flags, strict=True) if f]}),
+          flush=True)
+    time.sleep(600)
+    return {}
+
+
+MODES = {"write": write_mode, "churn": churn_mode, "chain": chain_mode, "credit": credit_mode}
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])

@@ -157,8 +157,9 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     opts = fresh.options()
     assert set(opts) == {
         "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options",
-        "pool", "capacity_scope", "min_free", "pool_lease",
+        "pool", "capacity_scope", "min_free", "pool_lease", "sizing_sample", "eviction",
     }
+    assert opts["eviction"].default == "lru"
     assert opts["url"].required
     assert opts["storage_options"].secret
     assert opts["io_threads"].default == 4

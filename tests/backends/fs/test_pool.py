@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fs_blocks import NS
 from fs_pool_child import block, open_backend
 
@@ -42,8 +43,9 @@ def report(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def _index_bytes(root: Path) -> int:
-    """Bytes of the pool's index and of the index files left at close (none are blocks)."""
-    names = [root / n for n in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")]
+    """Bytes of the pool's index (its database, log and the writers' journals) and of the
+    index files left at close (none are blocks)."""
+    names = list(root.glob(DB_NAME + "*"))
     names += [p for p in (root / NS).glob("*") if p.is_file()]  # index.kvi and its temp files
     total = 0
     for name in names:
@@ -77,10 +79,11 @@ def files_on_disk(root: Path, ns: str = NS) -> dict[bytes, int]:
     return out
 
 
-def test_four_writers_keep_one_capacity(tmpfs: Path) -> None:
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo"])
+def test_four_writers_keep_one_capacity(tmpfs: Path, eviction: str) -> None:
     cap, size = 4 * MiB, 64 * KiB  # whole pages: the tmpfs holds exactly the bytes written
     spec = {"mode": "write", "url": str(tmpfs), "namespace": NS, "size": size,
-            "count": 160, "writers": 4, "options": {"capacity": cap}}
+            "count": 160, "writers": 4, "options": {"capacity": cap, "eviction": eviction}}
     # a fifth sharer, idle, so that no writer's close is the last one: the last
     # deletes the index's log, which a writer opening then may still hold (freed
     # space the sampling could not see)
@@ -107,9 +110,11 @@ def test_four_writers_keep_one_capacity(tmpfs: Path) -> None:
     assert sum(on_disk.values()) <= cap
 
 
-def test_a_killed_evictor_is_replaced_and_leaves_nothing_uncounted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo"])
+def test_a_killed_evictor_is_replaced_and_leaves_nothing_uncounted(
+        tmp_path: Path, eviction: str) -> None:
     root, size, batch = tmp_path / "pool", 1 * KiB, 600
-    opts = {"capacity": batch * size, "pool_lease": "30s"}
+    opts = {"capacity": batch * size, "pool_lease": "30s", "eviction": eviction}
     spec = {"mode": "churn", "url": str(root), "namespace": NS, "size": size, "batch": batch,
             "options": opts}
     proc = child(spec)
@@ -224,3 +229,118 @@ def test_block_removed_once_for_every_victim_whoever_wrote_it(tmp_path: Path) ->
     assert set(counts.values()) == {1}  # each once
     assert set(counts) == set(theirs + mine) - held  # every block gone, and only those
     assert set(theirs) <= set(counts)  # the other process's blocks too
+
+
+def test_reads_and_puts_from_the_credit_wait_for_no_transaction(tmp_path: Path) -> None:
+    root, size = tmp_path / "pool", 16 * KiB
+    tier = open_backend({"url": str(root), "namespace": NS, "options": {"capacity": "8MiB"}})
+    try:
+        first = [f"a{i}".encode() for i in range(4)]
+        assert list(tier.put(first, [block(k, size) for k in first], [])) == [True] * 4
+        # another process holds the index's write lock: reads and the puts the
+        # credit covers (1/16 of the capacity) go on without it
+        with sqlite3.connect(root / DB_NAME, timeout=30, isolation_level=None) as lock:
+            lock.execute("BEGIN IMMEDIATE")
+            got = tier.get(first)
+            assert [bytes(d) for d in got if d is not None] == [block(k, size) for k in first]
+            more = [f"b{i}".encode() for i in range(8)]
+            for key in more:
+                assert list(tier.put([key], [block(key, size)], [])) == [True]
+            assert [bytes(d) for d in tier.get(more) if d is not None] == [
+                block(k, size) for k in more]
+            lock.execute("ROLLBACK")
+    finally:
+        tier.close()
+    on_disk = files_on_disk(root)
+    assert set(on_disk) == set(first + more)
+    assert {key: s for _, key, s, _ in rows(root)} == on_disk  # every write has its row
+    with sqlite3.connect(root / DB_NAME) as db:
+        assert db.execute("SELECT bytes, inflight FROM totals WHERE scope = '*'").fetchone() == (
+            sum(on_disk.values()), 0)
+        assert db.execute("SELECT COUNT(*) FROM writers").fetchone()[0] == 0
+
+
+def test_a_killed_writer_s_credit_writes_are_counted_from_its_journal(tmp_path: Path) -> None:
+    root, size, cap = tmp_path / "pool", 16 * KiB, 8 * MiB
+    spec = {"mode": "credit", "url": str(root), "namespace": NS, "size": size, "count": 10,
+            "options": {"capacity": cap}}
+    # open first: the files at open are counted anyway (adopt), those written later not
+    other = open_backend({"url": str(root), "namespace": NS, "options": {"capacity": cap}})
+    try:
+        proc = child(spec)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        stored = [k.encode() for k in json.loads(line)["stored"]]
+        assert len(stored) == 10  # written from the credit while the index was locked
+        assert set(stored) <= set(files_on_disk(root))
+        assert not set(stored) & {key for _, key, _, _ in rows(root)}  # no row made for them
+        # the other process needs more room than is left: its evictor settles the dead
+        # writer first, counting the files its journal names and giving back its credit
+        keys = [f"o{i}".encode() for i in range(cap // size)]
+        assert all(other.put(keys, [block(k, size) for k in keys], []))
+        assert other.stats()["pool_evictions"] > 0
+    finally:
+        other.close()
+    on_disk = files_on_disk(root)
+    assert {key: s for _, key, s, _ in rows(root)} == on_disk  # nothing uncounted
+    assert sum(on_disk.values()) <= cap
+    with sqlite3.connect(root / DB_NAME) as db:
+        assert db.execute("SELECT bytes, inflight FROM totals WHERE scope = '*'").fetchone() == (
+            sum(on_disk.values()), 0)
+        assert db.execute("SELECT COUNT(*) FROM writers").fetchone()[0] == 0
+    assert list(root.glob(DB_NAME + ".writer-*")) == []  # its journal removed
+    again = open_backend({"url": str(root), "namespace": NS, "options": {"capacity": cap}})
+    try:
+        for key, data in zip(on_disk, again.get(list(on_disk)), strict=True):
+            assert data is not None and bytes(data) == block(key, size)
+    finally:
+        again.close()
+
+
+def test_a_file_held_open_gives_its_room_back_when_evicted(tmpfs: Path) -> None:
+    cap, size = 4 * 64 * KiB, 64 * KiB
+    tier = open_backend({"url": str(tmpfs), "namespace": NS, "options": {"capacity": cap}})
+    try:
+        old = [f"old{i}".encode() for i in range(4)]
+        assert list(tier.put(old, [block(k, size) for k in old], [])) == [True] * 4
+        # a program keeps one block open (a slow reader, a backup): unlinked only, its
+        # bytes would stay on the disk beside the blocks that took its room
+        held = os.open(tier.instance._store.path(old[0]), os.O_RDONLY)
+        try:
+            new = [f"new{i}".encode() for i in range(4)]
+            for key in new:
+                assert list(tier.put([key], [block(key, size)], [])) == [True]
+            assert files_on_disk(tmpfs).keys() == set(new)
+            assert used_on_tmpfs(tmpfs) <= cap
+            assert os.read(held, size) == b""  # truncated: nothing of it is left
+        finally:
+            os.close(held)
+    finally:
+        tier.close()
+
+
+def test_a_read_that_overlaps_its_block_s_eviction_is_a_miss(tmp_path: Path) -> None:
+    size = 16 * KiB
+    tier = open_backend({"url": str(tmp_path), "namespace": NS, "options": {"capacity": "1MiB"}})
+    try:
+        store = tier.instance._store
+        keys = [b"a", b"b"]
+        assert list(tier.put(keys, [block(k, size) for k in keys], [])) == [True, True]
+        opened = store._open
+
+        def evicted_once_open(key: bytes) -> int | None:
+            fd = opened(key)  # the read has the file open: the evictor takes it now
+            assert store.remove_victim((NS, key))
+            return fd
+
+        store._open = evicted_once_open
+        # truncated under the read: what it reads is empty (or zeros), never a block
+        assert list(tier.get([b"a"])) == [None]
+        buf = bytearray(size)
+        assert list(tier.get_into([b"b"], [[memoryview(buf)]])) == [None]
+        del store._open
+        assert list(tier.get(keys)) == [None, None]  # gone, as a miss
+    finally:
+        tier.close()

@@ -1,0 +1,271 @@
+"""The shared pool's eviction policies: the index's schema, and the order of its victims.
+
+:class:`~kvtier.backends.fs.pool.SharedPool` asks its policy, inside the
+evictor's transaction, which blocks to mark ``D``, and hands it the uses and
+the rows of new blocks.  ``lru`` orders the rows by ``used`` (the last use,
+in ns).  ``s3fifo`` is :class:`kvtier.backends.eviction.S3Fifo` written in SQL
+on the same rows, with the same decisions for the same admits and uses:
+
+- ``queue`` (0: the small queue S, 1: the main queue M), ``freq`` (uses, at
+  most 3) and ``seq`` (the FIFO order, from the counter ``meta.seq``) on each
+  row; ``ghosts`` holds the keys (and byte weights, at least 1) evicted from S,
+  their bytes summed per namespace and for the root in ``meta``.
+- A new row enters S, or M if its key is a ghost; the ghosts are then trimmed
+  to the capacity less S's share, oldest first.  Rows found at open or left by
+  a dead process's journal enter S first in line (``seq`` 0).
+- To free room: S's oldest moves to M (its count reset) if it was used while
+  in S, else it is evicted and its key becomes a ghost, while S holds its
+  tenth of the capacity or M is empty; else M's oldest goes back to M's tail
+  with its count lowered, or is evicted at 0.
+- Under ``min_free`` alone (no capacity) the tenth is of the bytes held.
+
+Every process on a root must use the same policy: the first to open an index
+records its own in ``meta``, and one asking for another is refused with a
+:class:`~kvtier.spec.ConfigError`; an index that records none (written by
+the previous version) takes the first opener's.  The columns are added when
+an ``s3fifo`` process opens an index without them (``ALTER TABLE ... ADD
+COLUMN``; the rows' ``seq`` is their ``used``, so S starts in the order of
+their last use); an ``lru`` root keeps the previous version's table, so
+processes of that version can still share it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from kvtier.spec import ConfigError
+
+from ..eviction import S3Fifo
+
+__all__ = ["POLICIES", "PoolPolicy", "prepare"]
+
+POLICIES = ("lru", "s3fifo")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS blocks(
+    ns TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL,
+    writer TEXT NOT NULL, used INTEGER NOT NULL, PRIMARY KEY (ns, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS blocks_lru ON blocks(state, used);
+CREATE INDEX IF NOT EXISTS blocks_ns_lru ON blocks(ns, state, used);
+CREATE TABLE IF NOT EXISTS totals(
+    scope TEXT PRIMARY KEY, bytes INTEGER NOT NULL, inflight INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS writers(
+    writer TEXT PRIMARY KEY, ns TEXT NOT NULL, held INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS lease(
+    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, expires REAL NOT NULL);
+INSERT OR IGNORE INTO totals VALUES ('*', 0, 0);
+INSERT OR IGNORE INTO lease VALUES (1, '', 0);
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value NOT NULL);
+CREATE TABLE IF NOT EXISTS ghosts(
+    ns TEXT NOT NULL, key BLOB NOT NULL, weight INTEGER NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (ns, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ghosts_fifo ON ghosts(seq);
+CREATE INDEX IF NOT EXISTS ghosts_ns_fifo ON ghosts(ns, seq)
+"""
+#: The columns S3-FIFO adds to ``blocks``; an index from before them gets them at open.
+_COLUMNS = {"queue": "INTEGER NOT NULL DEFAULT 0", "freq": "INTEGER NOT NULL DEFAULT 0",
+            "seq": "INTEGER NOT NULL DEFAULT 0"}
+_FIFO_INDEXES = """
+CREATE INDEX IF NOT EXISTS blocks_fifo ON blocks(state, queue, seq);
+CREATE INDEX IF NOT EXISTS blocks_ns_fifo ON blocks(ns, state, queue, seq)
+"""
+_MAX_FREQ = S3Fifo.MAX_FREQ
+_SMALL_DIVISOR = S3Fifo.SMALL_DIVISOR
+
+Row = tuple[str, bytes, int]
+
+
+def prepare(db: sqlite3.Connection, eviction: str, root: str, ns: str,
+            capacity: int | None, scope: str) -> PoolPolicy:
+    """Create or migrate the index (in a transaction) and answer its policy; refuse a
+    policy other than the one the index records."""
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('eviction', ?)", (eviction,))
+    recorded = db.execute("SELECT value FROM meta WHERE name = 'eviction'").fetchall()[0][0]
+    if recorded != eviction:
+        raise ConfigError(
+            f"fs tier {root}: its shared pool evicts by {recorded}, every process on a root "
+            f"must use one policy; set eviction: {recorded}, or close every process on the "
+            f"root and delete {root}/.kvtier-pool.db (rebuilt from the files at the next "
+            "open) to change it", key="eviction")
+    if eviction == "s3fifo":
+        _add_fifo(db)
+    db.execute("INSERT OR IGNORE INTO totals VALUES (?, 0, 0)", (ns,))
+    return PoolPolicy(eviction, capacity, scope)
+
+
+def _add_fifo(db: sqlite3.Connection) -> None:
+    """S3-FIFO's columns, indexes and counter, where missing.  Only on an s3fifo root: an
+    lru root keeps the previous version's ``blocks``, whose processes insert whole rows,
+    and its writes maintain no index they do not use."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(blocks)")}
+    for name, decl in _COLUMNS.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE blocks ADD COLUMN {name} {decl}")
+    if "seq" not in have:
+        db.execute("UPDATE blocks SET seq = used")
+    for statement in _FIFO_INDEXES.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('seq', "
+               "(SELECT COALESCE(MAX(seq), 0) FROM blocks))")
+
+
+class PoolPolicy:
+    """One process's view of the root's policy, for its scope (``*``: every namespace)."""
+
+    def __init__(self, eviction: str, capacity: int | None, scope: str) -> None:
+        self.fifo = eviction == "s3fifo"
+        self.capacity = capacity
+        self.scope = scope
+        self.where = "" if scope == "*" else "ns = ? AND "
+        self.args: tuple[Any, ...] = () if scope == "*" else (scope,)
+
+    # uses and new rows -----------------------------------------------------------
+    def touch(self, used: dict[bytes, int], keys: Any, now: int) -> None:
+        """Note reads of ``keys`` in ``used``: the last time (lru) or how many (s3fifo)."""
+        if self.fifo:
+            for key in keys:
+                used[key] = used.get(key, 0) + 1
+        else:
+            for key in keys:
+                used[key] = now
+
+    def merge(self, old: Mapping[bytes, int], new: Mapping[bytes, int]) -> dict[bytes, int]:
+        """The uses of a rolled back flush, ``old``, put back under the ones since."""
+        if not self.fifo:
+            return {**old, **new}
+        return {key: old.get(key, 0) + new.get(key, 0) for key in {**old, **new}}
+
+    def record_uses(self, db: sqlite3.Connection, ns: str, used: Mapping[bytes, int]) -> None:
+        if self.fifo:
+            db.executemany(f"UPDATE blocks SET freq = MIN({_MAX_FREQ}, freq + ?) "
+                           "WHERE ns = ? AND key = ? AND state = 'S'",
+                           [(n, ns, key) for key, n in used.items()])
+        else:
+            db.executemany("UPDATE blocks SET used = ? WHERE ns = ? AND key = ? AND state = 'S'",
+                           [(when, ns, key) for key, when in used.items()])
+
+    def admitted(self, db: sqlite3.Connection, ns: str, keys: list[bytes]) -> None:
+        """The rows of ``keys``, just made, enter S or (a ghost's) M, in that order."""
+        if not self.fifo or not keys:
+            return
+        for key in keys:
+            hit = self._unghost(db, ns, key)
+            db.execute("UPDATE blocks SET queue = ?, freq = 0, seq = ? WHERE ns = ? AND key = ?",
+                       (1 if hit else 0, self._next(db), ns, key))
+            self._trim(db)
+
+    def _trim(self, db: sqlite3.Connection) -> None:
+        limit = self._capacity(db) - self._target(db)
+        name = f"ghosts:{self.scope}"
+        while (db.execute("SELECT COALESCE(MAX(value), 0) FROM meta WHERE name = ?",
+                          (name,)).fetchall()[0][0] > limit):
+            row = db.execute(f"SELECT ns, key FROM ghosts WHERE {self.where}1 "
+                             "ORDER BY seq LIMIT 1", self.args).fetchall()
+            if not row:
+                break
+            self._unghost(db, *row[0])
+
+    @staticmethod
+    def _ghost_bytes(db: sqlite3.Connection, ns: str, delta: int) -> None:
+        db.executemany("INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) "
+                       "DO UPDATE SET value = value + excluded.value",
+                       [(f"ghosts:{ns}", delta), ("ghosts:*", delta)])
+
+    def _unghost(self, db: sqlite3.Connection, ns: str, key: bytes) -> bool:
+        """Forget the ghost of ``key``; answer whether there was one."""
+        hit = db.execute("DELETE FROM ghosts WHERE ns = ? AND key = ? RETURNING weight",
+                         (ns, key)).fetchall()
+        if hit:
+            self._ghost_bytes(db, ns, -hit[0][0])
+        return bool(hit)
+
+    def kept(self, db: sqlite3.Connection, ns: str, key: bytes, now: int) -> None:
+        """A victim whose file could not be deleted stays, the last in line."""
+        if self.fifo:
+            db.execute("UPDATE blocks SET state = 'S', queue = 1, freq = 0, seq = ? "
+                       "WHERE ns = ? AND key = ? AND state = 'D'", (self._next(db), ns, key))
+        else:
+            db.execute("UPDATE blocks SET state = 'S', used = ? "
+                       "WHERE ns = ? AND key = ? AND state = 'D'", (now, ns, key))
+
+    # victims -------------------------------------------------------------------
+    def choose(self, db: sqlite3.Connection, need: int) -> list[Row]:
+        """Mark ``D`` the scope's victims, in the policy's order, until ``need`` bytes."""
+        if self.fifo:
+            return self._fifo(db, need)  # marks each as it goes, so the next is another
+        victims = self._lru(db, need)
+        db.executemany("UPDATE blocks SET state = 'D' WHERE ns = ? AND key = ?",
+                       [(ns, key) for ns, key, _ in victims])
+        return victims
+
+    def _lru(self, db: sqlite3.Connection, need: int) -> list[Row]:
+        rows = db.execute(f"SELECT ns, key, size FROM blocks WHERE {self.where}state = 'S' "
+                          "ORDER BY used", self.args)
+        victims: list[Row] = []
+        total = 0
+        for ns, key, size in rows:
+            if total >= need:
+                break
+            victims.append((ns, key, size))
+            total += size
+        rows.close()  # ends the statement, so that the commit is not held by it
+        return victims
+
+    def _fifo(self, db: sqlite3.Connection, need: int) -> list[Row]:
+        """S3Fifo's ``_evict_one`` until ``need`` bytes are evicted."""
+        small = db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
+                           "state = 'S' AND queue = 0", self.args).fetchall()[0][0]
+        target = self._target(db)
+        victims: list[Row] = []
+        freed = 0
+        while freed < need:
+            s, m = self._oldest(db, 0), self._oldest(db, 1)
+            if s is not None and (small >= target or m is None):
+                ns, key, size, freq = s
+                small -= size
+                if freq > 0:  # used again while in S: worth a place in M
+                    db.execute("UPDATE blocks SET queue = 1, freq = 0, seq = ? "
+                               "WHERE ns = ? AND key = ?", (self._next(db), ns, key))
+                    continue
+                self._unghost(db, ns, key)  # none: its row was made without a look
+                db.execute("INSERT INTO ghosts VALUES (?, ?, ?, ?)",
+                           (ns, key, max(size, 1), self._next(db)))
+                self._ghost_bytes(db, ns, max(size, 1))
+            elif m is not None:
+                ns, key, size, freq = m
+                if freq > 0:
+                    db.execute("UPDATE blocks SET freq = ?, seq = ? WHERE ns = ? AND key = ?",
+                               (freq - 1, self._next(db), ns, key))
+                    continue
+            else:
+                break  # nothing left in the scope
+            db.execute("UPDATE blocks SET state = 'D' WHERE ns = ? AND key = ?", (ns, key))
+            victims.append((ns, key, size))
+            freed += size
+        return victims
+
+    def _oldest(self, db: sqlite3.Connection, queue: int) -> tuple[str, bytes, int, int] | None:
+        row = db.execute(f"SELECT ns, key, size, freq FROM blocks WHERE {self.where}"
+                         "state = 'S' AND queue = ? ORDER BY seq LIMIT 1",
+                         (*self.args, queue)).fetchall()
+        return row[0] if row else None
+
+    def _capacity(self, db: sqlite3.Connection) -> int:
+        if self.capacity is not None:
+            return self.capacity
+        return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
+                              "state = 'S'", self.args).fetchall()[0][0])
+
+    def _target(self, db: sqlite3.Connection) -> int:
+        """S's share: a tenth of the capacity, as S3Fifo's."""
+        return max(1, self._capacity(db) // _SMALL_DIVISOR)
+
+    @staticmethod
+    def _next(db: sqlite3.Connection) -> int:
+        return int(db.execute("UPDATE meta SET value = value + 1 WHERE name = 'seq' "
+                              "RETURNING value").fetchall()[0][0])
