@@ -3,7 +3,8 @@
 The host tier holds one (``eviction`` option); ``kvtier plan`` replays traces
 through the same objects (:func:`new_policy`).  Each counts bytes: ``admit``
 a key not held, ``access`` (a use), ``holds`` (not a use), ``peek``,
-``remove``, ``rewrite`` and ``shed``; callers serialise the calls.
+``remove``, ``rewrite``, ``shed`` and ``make_room``; callers serialise the
+calls.
 
 ``lru`` drops the least recently used block.  ``arc`` is the Adaptive
 Replacement Cache of Megiddo and Modha (FAST 2003).  KV prefix blocks defeat
@@ -64,7 +65,12 @@ class Accounting:
     Callers hold the backend's lock, and only admit a key that is not resident
     with ``len(data) <= capacity``.  ``peek`` is not a use, ``access`` is;
     ``rewrite`` swaps a block's bytes keeping its place; ``shed`` evicts until
-    the capacity holds again after a rewrite grew a block.
+    the capacity holds again after a rewrite grew a block.  ``make_room(n)``
+    evicts, in the policy's order, until ``n`` bytes fewer are used, whatever
+    the capacity: a cache that owns its capacity itself (vLLM's CPU tier,
+    :mod:`kvtier.contrib.vllm.cache_policy`) asks for its victims this way,
+    then admits.  Ghost lists are trimmed by that ``admit``, after it looked
+    its key up among them, as when ``admit`` evicts itself.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -121,6 +127,9 @@ class Lru(Accounting):
 
     def shed(self, evicted: Evicted) -> None:
         self._evict_until(self.capacity, evicted)
+
+    def make_room(self, nbytes: int, evicted: Evicted) -> None:
+        self._evict_until(max(0, self.used - nbytes), evicted)
 
     def _evict_until(self, budget: int, evicted: Evicted) -> None:
         while self.used > budget:
@@ -240,6 +249,11 @@ class Arc(Accounting):
             self._replace(False, evicted)
         self._trim_ghosts()
 
+    def make_room(self, nbytes: int, evicted: Evicted) -> None:
+        target = max(0, self.used - nbytes)
+        while self.used > target:
+            self._replace(False, evicted)
+
     def extra_stats(self) -> dict[str, int]:
         return {"arc_p": self.p}
 
@@ -327,6 +341,11 @@ class S3Fifo(Accounting):
     def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
         while self.used + len(data) > self.capacity:
             self._evict_one(evicted)
+        self.enter(key, data)
+
+    def enter(self, key: bytes, data: bytes) -> None:
+        """Hold ``key`` without making room: a block known stored (found on disk, listed)
+        or one the caller made room for; over the capacity until ``shed`` or an admit."""
         if key in self._ghosts.keys:
             self._ghosts.discard(key)
             self._main[key] = data
@@ -362,6 +381,11 @@ class S3Fifo(Accounting):
         while self.used > self.capacity:
             self._evict_one(evicted)
         self._trim_ghosts()
+
+    def make_room(self, nbytes: int, evicted: Evicted) -> None:
+        target = max(0, self.used - nbytes)
+        while self.used > target:
+            self._evict_one(evicted)
 
     def extra_stats(self) -> dict[str, int]:
         return {"s3fifo_small_bytes": self._small_bytes}
@@ -426,31 +450,48 @@ class Adaptive:
     """Follows whichever of lru, arc and s3fifo hits most on the recent traffic.
 
     Keys sampled by hash (at least :data:`SAMPLE`, raised so a miniature holds
-    256 blocks of the first block's size) feed a miniature of each candidate
-    at the tier's capacity, scaled by the sample, as in online sizing.  Every
-    :data:`EPOCH` sampled uses the candidate with the most hits, its hits
-    halved at each epoch so the past fades, takes over if it beats the policy
-    in charge by :data:`MARGIN`: the blocks held are handed to a new object of
-    that policy in the order the old one would have evicted them.  Every
-    access and admit is a reference for the miniatures, gets and puts alike.
+    :data:`MIN_BLOCKS` blocks of the first block's size) feed a miniature of
+    each candidate at the tier's capacity scaled by the sample, as in online
+    sizing; every access and admit is a reference for them.  It starts with
+    ``lru`` and every :data:`CHECK` sampled uses switches to a candidate that
+    hits more by over :data:`Z` standard deviations of the uses where the two
+    disagree (McNemar's test: uses both hit or both miss tell nothing).  A
+    fixed 2% margin kept the first policy for a whole trace where differences
+    were small beside the hits, and switched on noise where hits were few
+    (BENCHMARKS.md, "adaptive beside the best fixed policy").  Hits and
+    disagreements are halved every :data:`EPOCH` sampled uses.
+
+    A switch hands the blocks on in the order the old policy would evict
+    them, each used again as often (up to 3) as while held, so the successor
+    keeps blocks used again apart (ARC's T2, S3-FIFO's main queue); handed on
+    as new, they lost most of what a switch would gain.
     """
 
     CANDIDATES = ("lru", "arc", "s3fifo")
+    FIRST = "lru"
     SAMPLE = 0.01
+    #: Blocks a miniature holds at least (of the first block's size): the sample is raised to it.
+    MIN_BLOCKS = 256
+    CHECK = 100
     EPOCH = 2000
-    MARGIN = 1.02
+    Z = 2.0
+    #: Uses of a block a switch hands on at most, as S3-FIFO's counts.
+    MAX_USES = 3
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.leader = 0  # index in CANDIDATES
-        self._policy: Lru | Arc | S3Fifo = Lru(capacity)
+        self.leader = self.CANDIDATES.index(self.FIRST)
+        self._policy: Lru | Arc | S3Fifo = _FIXED[self.FIRST](capacity)
         self._earlier_evictions = 0
         self._limit = 0
         self._minis: list[Any] = []
-        self._scores = [0.0] * len(self.CANDIDATES)
+        n = len(self.CANDIDATES)
+        self._scores = [0.0] * n
+        self._apart = [[0.0] * n for _ in range(n)]  # [i][j]: uses i hit and j missed
         self._uses = 0
         self.switches = 0
         self._sink: list[Any] = []
+        self._reused: dict[Any, int] = {}  # uses of blocks held since their admit, up to 3
 
     @property
     def used(self) -> int:
@@ -473,6 +514,7 @@ class Adaptive:
         return self._policy.holds(keys)
 
     def remove(self, key: bytes) -> bytes | None:
+        self._reused.pop(key, None)
         return self._policy.remove(key)
 
     def rewrite(self, key: bytes, data: bytes) -> None:
@@ -481,45 +523,83 @@ class Adaptive:
     def shed(self, evicted: Evicted) -> None:
         self._policy.shed(evicted)
 
+    def make_room(self, nbytes: int, evicted: Evicted) -> None:
+        self._policy.make_room(nbytes, evicted)
+
     def extra_stats(self) -> dict[str, int]:
         return {"adaptive_leader": self.leader, "adaptive_switches": self.switches}
 
     def access(self, key: bytes) -> bytes | None:
         if self._minis and _hash64(key) < self._limit:
-            for i, mini in enumerate(self._minis):
-                if mini.access(key) is not None:
-                    self._scores[i] += 1
-            self._uses += 1
-            if self._uses >= self.EPOCH:
-                self._decide()
-        return self._policy.access(key)
+            self._sampled_use(key)
+        data = self._policy.access(key)
+        if data is not None:
+            reused = self._reused
+            uses = reused.get(key, 0)
+            if uses < self.MAX_USES:
+                reused[key] = uses + 1
+        return data
 
     def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
         if not self._minis:
-            sample = min(1.0, max(self.SAMPLE, 256 * max(len(data), 1) / self.capacity))
+            sample = min(1.0, max(self.SAMPLE, self.MIN_BLOCKS * max(len(data), 1) / self.capacity))
             self._limit = int(sample * (1 << 64))
             size = max(1, int(self.capacity * sample))
             self._minis = [_FIXED[name](size) for name in self.CANDIDATES]
+        sink = self._sink
         if _hash64(key) < self._limit:
-            sink = self._sink
             for mini in self._minis:
                 if mini.access(key) is None and len(data) <= mini.capacity:
                     mini.admit(key, Sized(len(data)), sink)
                     sink.clear()
-        self._policy.admit(key, data, evicted)
+        reused = self._reused
+        reused.pop(key, None)  # a block admitted anew has not been used again yet
+        self._policy.admit(key, data, sink)
+        if sink:
+            for gone, _ in sink:
+                reused.pop(gone, None)
+            evicted.extend(sink)
+            sink.clear()
+        if len(reused) > 2 * len(self._policy):  # left over by shed, make_room
+            held = self._policy.holds(list(reused))
+            self._reused = {k: n for (k, n), keep in zip(reused.items(), held, strict=True)
+                            if keep}
+
+    def _sampled_use(self, key: bytes) -> None:
+        hit = [mini.access(key) is not None for mini in self._minis]
+        scores, apart = self._scores, self._apart
+        for i, one in enumerate(hit):
+            if one:
+                scores[i] += 1
+                row = apart[i]
+                for j, other in enumerate(hit):
+                    if not other:
+                        row[j] += 1
+        self._uses += 1
+        if self._uses % self.CHECK == 0:
+            self._decide()
 
     def _decide(self) -> None:
-        scores = self._scores
+        scores, apart, lead = self._scores, self._apart, self.leader
         best = max(range(len(scores)), key=scores.__getitem__)
-        if best != self.leader and scores[best] > scores[self.leader] * self.MARGIN:
-            successor = _FIXED[self.CANDIDATES[best]](self.capacity)
-            for key, data in self._policy.items():
-                successor.admit(key, data, [])  # the same bytes fit the same capacity
-            self._earlier_evictions += self._policy.evictions
-            self._policy, self.leader = successor, best
-            self.switches += 1
-        self._scores = [score / 2 for score in scores]
-        self._uses = 0
+        disagree = apart[best][lead] + apart[lead][best]
+        if best != lead and scores[best] - scores[lead] > self.Z * disagree ** 0.5:
+            self._switch(best)
+        if self._uses >= self.EPOCH:
+            self._scores = [score / 2 for score in scores]
+            self._apart = [[n / 2 for n in row] for row in apart]
+            self._uses = 0
+
+    def _switch(self, to: int) -> None:
+        successor = _FIXED[self.CANDIDATES[to]](self.capacity)
+        reused = self._reused
+        for key, data in self._policy.items():
+            successor.admit(key, data, [])  # the same bytes fit the same capacity
+            for _ in range(reused.get(key, 0)):  # at the newest end: the order holds
+                successor.access(key)
+        self._earlier_evictions += self._policy.evictions
+        self._policy, self.leader = successor, to
+        self.switches += 1
 
 
 Policy: TypeAlias = "Lru | Arc | S3Fifo | Adaptive"

@@ -27,7 +27,7 @@ from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from ._batch import joined, nbytes, own, parts_nbytes, scatter
 from .eviction import EVICTION_POLICIES, Policy, new_policy
-from .sizing import Sizer
+from .sizing import SIZING_OPTION, Sizer
 
 __all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
 
@@ -35,11 +35,6 @@ __all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
 def _positive(size: int) -> None:
     if size <= 0:
         raise ValueError(f"must be a positive size, got {size}")
-
-
-def _share(value: float) -> None:
-    if not 0 <= value <= 1:
-        raise ValueError(f"must be a share from 0 to 1, got {value}")
 
 
 _OPTIONS: Mapping[str, Option] = {
@@ -54,9 +49,7 @@ _OPTIONS: Mapping[str, Option] = {
     "prefault": Option("size", "Bytes of process memory touched at open, so that the first "
                        "blocks land in mapped pages (at most the capacity; 0: none).",
                        default="128MiB"),
-    "sizing_sample": Option("float", "Share of keys fed to miniature simulations that estimate "
-                            "the hit ratio at 0.5x, 2x and 4x the capacity (stats' "
-                            "sizing_hit_ratio_*; 0: off).", default=0.01, check=_share),
+    "sizing_sample": SIZING_OPTION,
 }
 
 _B = TypeVar("_B")

@@ -131,7 +131,7 @@ def _attach_commands() -> None:
     from kvtier.contrib.vllm import vllm_args_command
     from kvtier.contrib.vllm.calibrate import calibrate_command
     from kvtier.peer.server import serve_command
-    from kvtier.plan.cli import plan_command
+    from kvtier.plan.cli import plan_command, record_events_command
 
     cli.add_command(bench_command)
     cli.add_command(conformance_command)
@@ -139,6 +139,7 @@ def _attach_commands() -> None:
         cli.add_command(operator_command)
     cli.add_command(serve_command)
     cli.add_command(plan_command)
+    cli.add_command(record_events_command)
     cli.add_command(sglang_args_command)
     cli.add_command(vllm_args_command)
     cli.add_command(calibrate_command)

@@ -13,6 +13,7 @@ import json
 import re
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from kvtier.cli.operate import (
 from kvtier.cli.output import console
 from kvtier.config.loader import load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
+from kvtier.observe.metrics import read_sizing
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import KvtierError, ScanEntry
 
@@ -99,12 +101,25 @@ def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_config_options
 @click.option("--sample", type=click.IntRange(min=0), default=64, show_default=True,
               help="Block headers read per namespace for the codec mix.")
-def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sample: int) -> None:
-    """What each tier of CONFIG holds: namespaces (model, dtype, ...), blocks, bytes, codecs."""
+@click.option("--metrics", "metrics", multiple=True, metavar="URL",
+              help="A serving chain's Prometheus endpoint (repeatable): show its tiers' "
+                   "online sizing, RAM tiers included.")
+def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sample: int,
+                    metrics: tuple[str, ...]) -> None:
+    """What each tier of CONFIG holds: namespaces (model, dtype, ...), blocks, bytes, codecs.
+
+    With --metrics, also the hit ratio each tier's serving process estimates at
+    0.5x, 1x, 2x and 4x its capacity (online sizing, docs/sizing.md).
+    """
+    live = _live_sizing(metrics)
     report: list[dict[str, Any]] = []
     with _stores(config_file, tiers) as stores:
         for store in stores:
             row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
+            if metrics:
+                row["sizing"] = [{"metrics": url, "namespace": ns, "hit_ratio": ratios}
+                                 for url, found in live for (tier, ns), ratios in found.items()
+                                 if tier == store.name]
             if store.skipped is not None:
                 row["skipped"] = store.skipped
             else:
@@ -122,11 +137,36 @@ def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sam
     _emit(as_json, {"config": config_file, "tiers": report}, lambda c: _inspect_tables(c, report))
 
 
+def _live_sizing(urls: Sequence[str]) -> list[tuple[str, dict[tuple[str, str], dict[str, float]]]]:
+    """Online sizing per (tier, namespace) read from each Prometheus endpoint in ``urls``."""
+    live = []
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text = answer.read().decode("utf-8", "replace")
+        except (OSError, ValueError) as exc:
+            _fail(f"--metrics {url}: {exc}")
+        live.append((url, read_sizing(text)))
+    return live
+
+
+def _sizing_lines(console: Console, row: dict[str, Any]) -> None:
+    for live in row.get("sizing", ()):
+        ratios = ", ".join(f"{scale} {ratio:.1%}" for scale, ratio in
+                           sorted(live["hit_ratio"].items(), key=lambda i: float(i[0][:-1])))
+        console.print(f"online sizing, {escape(live['metrics'])}, namespace "
+                      f"{live['namespace'][:12]}: hit ratio at {ratios} of the capacity")
+    if "sizing" in row and not row["sizing"]:
+        console.print("online sizing: none exported for this tier (no capacity, or "
+                      "sizing_sample: 0)")
+
+
 def _inspect_tables(console: Console, report: list[dict[str, Any]]) -> None:
     for row in report:
         title = f"tier {row['tier']} ({row['backend']})"
         if "skipped" in row:
             console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+            _sizing_lines(console, row)
             continue
         table = Table(title=title, title_justify="left")
         table.add_column("namespace", no_wrap=True)
@@ -156,6 +196,7 @@ def _inspect_tables(console: Console, report: list[dict[str, Any]]) -> None:
         if row["block_load_s"] is not None:
             console.print(f"expected load of a usual block: {row['block_load_s'] * 1e3:.3g} ms "
                           "(0.9 quantile, from the blocks read here)")
+        _sizing_lines(console, row)
 
 
 # -------------------------------------------------------------------------

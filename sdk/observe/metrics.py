@@ -8,12 +8,16 @@ Both are switched on from the chain's YAML::
 
 Every open chain with the same port is exported by one HTTP server, labelled
 by namespace and tier.  The figures are read from :meth:`Chain.stats` at
-scrape time, so the data path pays nothing for them.
+scrape time, so the data path pays nothing for them.  A tier whose backend
+reports online sizing (``sizing_hit_ratio_<m>x``) also has the gauge
+``kvtier_tier_sizing_hit_ratio`` with a ``scale`` label (``0.5x``, ``1x``,
+``2x``, ``4x``).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Iterator
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
     from kvtier.chain.chain import Chain
     from kvtier.config.loader import MetricsConfig
 
-__all__ = ["MetricsReporter", "summary_line"]
+__all__ = ["MetricsReporter", "read_sizing", "summary_line"]
 
 log = logging.getLogger("kvtier.observe.metrics")
 
@@ -47,7 +51,11 @@ COUNTERS = (
     ("dropped", "dropped_writes", "asynchronous writes abandoned while unhealthy"),
     ("declined", "declined_blocks", "held blocks not loaded: recomputing them was faster"),
     ("declined_tokens", "declined_tokens", "tokens of the blocks declined as not worth loading"),
+    ("probes", "probed_blocks", "blocks read only to measure an unmeasured tier's load cost"),
 )
+
+#: Backend stats of online sizing, one per scale: ``sizing_hit_ratio_0.5x`` ...
+_SIZING = "sizing_hit_ratio_"
 
 _exporters: dict[int, _Exporter] = {}
 _exporters_lock = threading.Lock()
@@ -91,6 +99,11 @@ class _Exporter:
             "batch latency quantiles",
             labels=[*labels, "op", "quantile"],
         )
+        sizing = GaugeMetricFamily(
+            "kvtier_tier_sizing_hit_ratio",
+            "estimated hit ratio of gets at a scale of the tier's capacity (online sizing)",
+            labels=[*labels, "scale"],
+        )
         for chain in list(self.chains):
             stats = chain.stats()
             for tier in stats["tiers"]:
@@ -105,8 +118,27 @@ class _Exporter:
                 for op, summary in tier["latency"].items():
                     for q in ("p50", "p99"):
                         latency.add_metric([*values, op, q], summary[f"{q}_s"])
+                for key, value in tier["backend_stats"].items():
+                    if key.startswith(_SIZING):
+                        sizing.add_metric([*values, key[len(_SIZING):]], value)
         yield from families.values()
-        yield from (healthy, used, latency, block_load)
+        yield from (healthy, used, latency, block_load, sizing)
+
+
+_SIZING_LINE = re.compile(r'^kvtier_tier_sizing_hit_ratio\{(.*)\} (\S+)$', re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def read_sizing(exposition: str) -> dict[tuple[str, str], dict[str, float]]:
+    """Online sizing out of a Prometheus exposition this module wrote: the estimate at
+    each scale (``0.5x`` ...) per ``(tier, namespace)``."""
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for labels, value in _SIZING_LINE.findall(exposition):
+        named = dict(_LABEL.findall(labels))
+        if {"tier", "namespace", "scale"} <= named.keys():
+            found.setdefault((named["tier"], named["namespace"]), {})[named["scale"]] = (
+                float(value))
+    return found
 
 
 def summary_line(stats: dict[str, Any]) -> str:

@@ -3,7 +3,10 @@
 It replays a trace through the eviction code of kvtier's tiers (the host
 backend's policy objects, on a null data path) at many capacities and
 reports miss-ratio curves, the infinite-cache ceiling, Belady's bound,
-prefill tokens saved, blocks written below RAM, and a chain to paste.
+prefill tokens saved, blocks written below RAM, and a chain to paste; and a
+fleet of engines sharing a pool (:mod:`.fleet`).  Traces come from Mooncake
+JSONL, a chain's recording, or vLLM's KV-cache events (:mod:`.events`, which
+also records them).
 
 May import ``kvtier.backends`` (the policies it replays), ``kvtier.chain`` (its
 admission sketch) and ``kvtier.plugins`` (size parsing); nothing in the data

@@ -5,8 +5,11 @@ a get of the cached prefix, a put of the rest.  Each call is counted in the
 chain's own sketch (:class:`kvtier.chain.admission.Seen`).  A prefix block
 found below is read from there and promoted into RAM; blocks RAM evicts go
 below (``write: back``) if admitted, or blocks RAM stores go below at once
-(``write: through``) if admitted.  The tier below evicts LRU, as the fs tier
-does.  Capacities are in blocks of one size.
+(``write: through``) if admitted.  The tier below evicts with
+``below_eviction``: ``lru`` (the fs tier's default) or ``s3fifo`` (the fs
+and object tiers' ``eviction: s3fifo``, the same
+:class:`kvtier.backends.eviction.S3Fifo`).  Capacities are in blocks of one
+size.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from kvtier.chain.admission import Seen
 from .curves import BLOCK_SCALE
 from .trace import Trace
 
-__all__ = ["BelowPoint", "replay_below"]
+__all__ = ["BELOW_EVICTIONS", "BelowPoint", "replay_below"]
+
+#: The policies of the tiers below RAM: the fs tier's (lru, s3fifo); the object
+#: tier's fifo is not among them.
+BELOW_EVICTIONS = ("lru", "s3fifo")
 
 
 _PAYLOAD = Sized(BLOCK_SCALE)
@@ -41,6 +48,7 @@ class BelowPoint:
     from_ram: int  # prefix blocks RAM served
     from_below: int  # prefix blocks the tier below served
     written_below: int  # blocks written to the tier below
+    below_eviction: str = "lru"  # the tier below's policy
 
     @property
     def prefix_ratio(self) -> float:
@@ -48,11 +56,15 @@ class BelowPoint:
 
 
 def replay_below(
-    trace: Trace, eviction: str, ram: int, below: int, write: str = "back", admit: int = 1
+    trace: Trace, eviction: str, ram: int, below: int, write: str = "back", admit: int = 1,
+    below_eviction: str = "lru",
 ) -> BelowPoint:
-    """Replay ``trace`` through RAM (``eviction``, ``ram`` blocks) over an LRU tier of ``below``."""
+    """Replay ``trace`` through RAM (``eviction``, ``ram`` blocks) over a tier of ``below``."""
+    if below_eviction not in BELOW_EVICTIONS:
+        raise ValueError(f"the tier below evicts {' or '.join(BELOW_EVICTIONS)}, "
+                         f"not {below_eviction!r}")
     top: Any = new_policy(eviction, ram * BLOCK_SCALE)
-    low: Any = new_policy("lru", below * BLOCK_SCALE)
+    low: Any = new_policy(below_eviction, below * BLOCK_SCALE)
     seen = Seen()
     evicted: list[Any] = []
     from_ram = from_below = written = 0
@@ -96,4 +108,5 @@ def replay_below(
             seen.note(as_bytes[prefix:])  # the put
             for key in keys[prefix:]:
                 store(key)
-    return BelowPoint(ram, below, write, admit, trace.references, from_ram, from_below, written)
+    return BelowPoint(ram, below, write, admit, trace.references, from_ram, from_below, written,
+                      below_eviction)

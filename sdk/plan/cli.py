@@ -13,12 +13,13 @@ from rich.table import Table
 from kvtier.backends.eviction import EVICTION_POLICIES
 from kvtier.plugins.options import parse_size
 
-from .below import BelowPoint, replay_below
+from .below import BELOW_EVICTIONS, BelowPoint, replay_below
 from .chart import write_chart
-from .report import default_capacities, make_plan, recommend
+from .fleet import ROUTERS, FleetPoint, replay_fleet
+from .report import default_capacities, describe, make_plan, recommend
 from .trace import BLOCK_TOKENS, Trace, generate, read_trace, write_mooncake
 
-__all__ = ["plan_command"]
+__all__ = ["plan_command", "record_events_command"]
 
 #: KV bytes per token of Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes.
 DEFAULT_BYTES_PER_TOKEN = 131072
@@ -58,24 +59,45 @@ def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
 @click.option("--belady/--no-belady", default=True, show_default=True,
               help="Compute Belady's bound at each capacity.")
 @click.option("--below", type=click.IntRange(min=1), metavar="BLOCKS",
-              help="Also replay each capacity as RAM over an LRU tier of BLOCKS below it, "
-                   "with the chain's admission (see --admit).")
+              help="Also replay each capacity as RAM over a tier of BLOCKS below it (LRU, "
+                   "see --below-eviction), with the chain's admission (see --admit).")
+@click.option("--below-eviction", "below_evictions", multiple=True,
+              type=click.Choice(BELOW_EVICTIONS),
+              help="How the tiers below RAM evict in the --below and --engines replays: lru "
+                   "(the fs tier's default) or s3fifo (the fs and object tiers' eviction: "
+                   "s3fifo). Repeat to compare both on the same rows; the recommended fs tier "
+                   "gets eviction: s3fifo where its --below replays served more prefix hits "
+                   "than lru's (default: lru, not named in the output).")
 @click.option("--admit", "admits", multiple=True, type=click.IntRange(min=1),
               help="admit: N values to compare with --below (repeat; default: 1 and 3).")
-@click.option("--write", type=click.Choice(["back", "through"]), default="back",
-              show_default=True, help="How the tier of --below is written.")
+@click.option("--write", type=click.Choice(["back", "through"]),
+              help="How the tiers below RAM are written (default: back with --below, "
+                   "through with --engines).")
+@click.option("--engines", type=click.IntRange(min=1), metavar="N",
+              help="Replay across N engines, each with its RAM (--capacity or --ram) and "
+                   "local tier (--below), sharing one pool (--pool).")
+@click.option("--router", type=click.Choice(ROUTERS), default="round-robin", show_default=True,
+              help="With --engines: how requests are sent to engines.")
+@click.option("--balance", type=click.FloatRange(min=0), default=0.0, metavar="FACTOR",
+              help="With --engines: an engine that has served FACTOR times its share of the "
+                   "requests so far is skipped by sticky and prefix routers (0: no bound).")
+@click.option("--pool", "pools", multiple=True, type=click.IntRange(min=0), metavar="BLOCKS",
+              help="With --engines: the shared pool's capacity in blocks (repeat; default: 8 "
+                   "from 1% to 100% of unique blocks; 0: no pool).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--chart", type=click.Path(dir_okay=False), help="Write the curves as a PNG.")
 def plan_command(
     trace: str | None, generated: str | None, save_trace: str | None, policies: tuple[str, ...],
     capacities: tuple[int, ...], ram: str | None, block_tokens: int, bytes_per_token: int,
-    belady: bool, below: int | None, admits: tuple[int, ...], write: str, as_json: bool,
-    chart: str | None,
+    belady: bool, below: int | None, below_evictions: tuple[str, ...],
+    admits: tuple[int, ...], write: str | None, engines: int | None, router: str,
+    balance: float, pools: tuple[int, ...], as_json: bool, chart: str | None,
 ) -> None:
     """Replay TRACE through kvtier's eviction policies at many capacities: what each byte buys.
 
-    TRACE is Mooncake JSONL (hash_ids of 512-token blocks) or a chain's
-    recording (the record: option).  Reports each policy's prefix hit ratio,
+    TRACE is Mooncake JSONL (hash_ids of 512-token blocks), a chain's
+    recording (the record: option) or a vLLM KV-event log (kvtier
+    record-events).  Reports each policy's prefix hit ratio,
     the infinite-cache ceiling, Belady's bound, prefill tokens saved, blocks
     written below RAM, and a chain as YAML.
     """
@@ -86,24 +108,53 @@ def plan_command(
     ram_blocks = None
     if ram:
         ram_blocks = max(1, round(parse_size(ram) // block_bytes * loaded.sample))
+    if engines:
+        if chart or admits:
+            raise click.UsageError("--engines prints tables or --json: no --chart or --admit")
+        if 0 < balance < 1:
+            raise click.BadParameter("0 (no bound) or at least 1", param_hint="--balance")
+        fleet_caps = list(capacities) or [ram_blocks or max(1, loaded.unique_blocks // 100)]
+        _fleet(loaded, (engines, router, balance), policies or ("lru",), fleet_caps, below or 0,
+               list(pools) or default_capacities(loaded.unique_blocks), write or "through",
+               block_bytes, as_json, below_evictions)
+        return
+    write = write or "back"
     caps = list(capacities) or default_capacities(loaded.unique_blocks)
     started = time.perf_counter()
     plan = make_plan(loaded, policies or EVICTION_POLICIES, caps, block_bytes, belady, ram_blocks)
     seconds = time.perf_counter() - started
     policy = max(plan.curves, key=lambda name: sum(p.prefix_hits for p in plan.curves[name]))
-    rows = [replay_below(loaded, policy, cap, below, write, n)
-            for cap in plan.capacities for n in (admits or (1, 3))] if below else []
+    rows = [replay_below(loaded, policy, cap, below, write, n, low)
+            for cap in plan.capacities for n in (admits or (1, 3))
+            for low in (below_evictions or ("lru",))] if below else []
+    plan.disk_eviction = _disk_eviction(rows)
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3),
-                               "below": [{**asdict(r), "prefix_ratio": r.prefix_ratio}
-                                         for r in rows]}, indent=1))
+                               "below": [_named({**asdict(r), "prefix_ratio": r.prefix_ratio},
+                                                below_evictions) for r in rows]}, indent=1))
     else:
         _print(plan, seconds)
         if rows:
-            _print_below(rows, policy)
+            _print_below(rows, policy, bool(below_evictions))
     if chart:
         why = write_chart(plan, chart)
         click.echo(why or f"chart: {chart}", err=bool(why))
+
+
+def _disk_eviction(rows: list[BelowPoint]) -> str:
+    """s3fifo where both policies were replayed below and s3fifo's rows served more."""
+    served = dict.fromkeys(BELOW_EVICTIONS, 0)
+    for r in rows:
+        served[r.below_eviction] += r.from_ram + r.from_below
+    compared = {r.below_eviction for r in rows} == set(BELOW_EVICTIONS)
+    return "s3fifo" if compared and served["s3fifo"] > served["lru"] else "lru"
+
+
+def _named(row: dict[str, object], below_evictions: tuple[str, ...]) -> dict[str, object]:
+    """A row of JSON output: its below_eviction only where --below-eviction was given."""
+    if not below_evictions:
+        row.pop("below_eviction", None)
+    return row
 
 
 def _print(plan: object, seconds: float) -> None:
@@ -145,19 +196,111 @@ def _print(plan: object, seconds: float) -> None:
     out.print(escape(recommend(plan)), highlight=False)
 
 
-def _print_below(rows: list[BelowPoint], policy: str) -> None:
+def _print_below(rows: list[BelowPoint], policy: str, named: bool) -> None:
     from kvtier.cli.output import console
 
     table = Table(title=f"RAM ({policy}) over {rows[0].below:,} blocks below, "
                         f"write: {rows[0].write}, by admit")
-    for column in ("RAM blocks", "admit", "prefix hit ratio", "from RAM", "from below",
-                   "written below"):
+    for column in ("RAM blocks", "admit", *(["below evicts"] if named else []),
+                   "prefix hit ratio", "from RAM", "from below", "written below"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(f"{r.ram:,}", str(r.admit), f"{r.prefix_ratio:.1%}", f"{r.from_ram:,}",
-                      f"{r.from_below:,}", f"{r.written_below:,}")
+        table.add_row(f"{r.ram:,}", str(r.admit), *([r.below_eviction] if named else []),
+                      f"{r.prefix_ratio:.1%}", f"{r.from_ram:,}", f"{r.from_below:,}",
+                      f"{r.written_below:,}")
     console().print(table)
+
+
+def _fleet(
+    trace: Trace, routing: tuple[int, str, float], policies: tuple[str, ...], rams: list[int],
+    local: int, pools: list[int], write: str, block_bytes: int, as_json: bool,
+    below_evictions: tuple[str, ...] = (),
+) -> None:
+    engines, router, balance = routing
+    started = time.perf_counter()
+    points = [replay_fleet(trace, engines, router, policy, ram, local, pool, write, balance, low)
+              for low in (below_evictions or ("lru",)) for policy in policies
+              for ram in sorted(set(rams)) for pool in sorted(set(pools))]
+    seconds = time.perf_counter() - started
+    if as_json:
+        click.echo(json.dumps({"trace": describe(trace), "block_bytes": block_bytes,
+                               "seconds": round(seconds, 3),
+                               "fleet": [_named(p.to_json(), below_evictions) for p in points]},
+                              indent=1))
+        return
+    from kvtier.cli.output import console
+
+    out = console()
+    out.print(escape(f"{trace.source}: {len(trace.requests):,} requests, "
+                     f"{trace.references:,} block references, {engines} engines, "
+                     f"router {router}{f' (balance {balance:g})' if balance else ''}, "
+                     f"write {write}; replayed in {seconds:.1f} s"))
+    scale = 1 / (trace.sample or 1.0)
+    for group in range(0, len(points), len(set(pools))):
+        rows = points[group:group + len(set(pools))]
+        head = rows[0]
+        lows = f" ({head.below_eviction})" if below_evictions else ""
+        table = Table(title=f"each engine: RAM {head.ram * scale:,.0f} blocks ({head.eviction})"
+                            f", local {head.local * scale:,.0f}{lows}; by shared pool{lows}")
+        for column in ("pool blocks", "pool bytes", "prefix hit ratio", "from RAM",
+                       "from local", "from pool", "tokens saved", "written local",
+                       "written pool"):
+            table.add_column(column, justify="right")
+        for p in rows:
+            t = p.total
+            table.add_row(f"{p.pool * scale:,.0f}", _gib(round(p.pool * scale) * block_bytes),
+                          f"{t.prefix_ratio:.1%}", f"{t.from_ram:,}", f"{t.from_local:,}",
+                          f"{t.from_pool:,}", f"{t.prefix_tokens:,}", f"{t.written_local:,}",
+                          f"{t.written_pool:,}")
+        out.print(table)
+        _print_engines(rows[-1], scale)
+
+
+def _print_engines(point: FleetPoint, scale: float) -> None:
+    from kvtier.cli.output import console
+
+    table = Table(title=f"per engine, pool {point.pool * scale:,.0f} blocks")
+    for column in ("engine", "requests", "prefix hit ratio", "from RAM", "from local",
+                   "from pool", "written local", "written pool"):
+        table.add_column(column, justify="right")
+    for i, e in enumerate(point.per_engine):
+        table.add_row(str(i), f"{e.requests:,}", f"{e.prefix_ratio:.1%}", f"{e.from_ram:,}",
+                      f"{e.from_local:,}", f"{e.from_pool:,}", f"{e.written_local:,}",
+                      f"{e.written_pool:,}")
+    console().print(table)
+    busiest = max(e.requests for e in point.per_engine)
+    if point.engines > 1 and busiest > 2 * point.total.requests / point.engines:
+        console().print(f"one engine served {busiest:,} of {point.total.requests:,} requests, "
+                        "over twice its share: the router's affinity concentrates the load "
+                        "(--balance bounds it)")
 
 
 def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):,.1f} GiB"
+
+
+@click.command("record-events")
+@click.option("--endpoint", default="tcp://127.0.0.1:5557", show_default=True,
+              help="vLLM's KV-event publisher (its kv_events_config endpoint).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="JSONL file the batches are appended to.")
+@click.option("--topic", default="", help="The publisher's topic.")
+@click.option("--replay-endpoint", help="vLLM's replay endpoint: fetch the batches it buffers.")
+@click.option("--bind", is_flag=True, help="Bind the endpoint (vLLM set to connect to it).")
+@click.option("--batches", type=click.IntRange(min=1), help="Stop after this many batches.")
+@click.option("--seconds", type=click.FloatRange(min=0), help="Stop after this long.")
+def record_events_command(endpoint: str, out: str, topic: str, replay_endpoint: str | None,
+                          bind: bool, batches: int | None, seconds: float | None) -> None:
+    """Record vLLM's KV-cache events as JSONL that kvtier plan reads (block hashes, no prompts).
+
+    Runs until --batches, --seconds or Ctrl-C.
+    """
+    from .events import record_events
+
+    try:
+        stats = record_events(endpoint, out, topic=topic, replay=replay_endpoint, bind=bind,
+                              batches=batches, seconds=seconds)
+    except ImportError:
+        raise click.ClickException("pyzmq is not installed (pip install pyzmq)") from None
+    click.echo(f"{out}: {stats.batches:,} batches, {stats.events:,} events; "
+               f"{stats.skipped:,} undecodable, {stats.missed:,} missed (sequence gaps)")

@@ -11,7 +11,7 @@ import yaml
 from .curves import Point, belady_hits, infinite_point, lru_curve, replay
 from .trace import Trace
 
-__all__ = ["Plan", "default_capacities", "make_plan", "recommend"]
+__all__ = ["Plan", "default_capacities", "describe", "make_plan", "recommend"]
 
 #: The fs tier below RAM is sized to keep this share of the ceiling's prefix hits.
 DISK_SHARE = 0.95
@@ -30,6 +30,7 @@ class Plan:
     curves: dict[str, list[Point]]
     belady: list[int] = field(default_factory=list)  # block hits at each capacity
     ram_blocks: int | None = None  # the operator's RAM budget, in blocks of the trace
+    disk_eviction: str = "lru"  # the fs tier's policy: s3fifo where its --below replays did better
 
     def scale(self, capacity: int) -> int:
         """Blocks of the full traffic a capacity of the (sampled) trace stands for."""
@@ -52,6 +53,13 @@ class Plan:
                        for c, h in zip(self.capacities, self.belady, strict=False)],
             "recommended": recommend(self),
         }
+
+
+def describe(trace: Trace) -> dict[str, Any]:
+    """The trace's line in a plan: where from, its size, and the sample it holds."""
+    return {"source": trace.source, "requests": len(trace.requests),
+            "references": trace.references, "unique_blocks": trace.unique_blocks,
+            "block_tokens": trace.block_tokens, "sample": trace.sample}
 
 
 def default_capacities(unique: int, points: int = 8) -> list[int]:
@@ -77,9 +85,7 @@ def make_plan(
         curves[name] = lru_curve(trace, caps) if name == "lru" else [
             replay(trace, name, cap) for cap in caps
         ]
-    info = {"source": trace.source, "requests": len(trace.requests),
-            "references": trace.references, "unique_blocks": trace.unique_blocks,
-            "block_tokens": trace.block_tokens, "sample": trace.sample}
+    info = describe(trace)
     ceiling = infinite_point(trace)
     hits = [belady_hits(trace, cap) for cap in caps] if belady else []
     return Plan(info, block_bytes, caps, ceiling, curves, hits, ram_blocks)
@@ -97,7 +103,8 @@ def recommend(plan: Plan) -> str:
 
     RAM is ``plan.ram_blocks`` (the operator's budget) or else the smallest capacity
     whose best policy keeps half the ceiling's prefix hits; the fs tier is the
-    smallest capacity whose LRU keeps 95% of them (the fs tier evicts LRU).
+    smallest capacity whose LRU keeps 95% of them (the fs tier evicts LRU by default;
+    it gets ``eviction: s3fifo`` where ``plan.disk_eviction`` says so).
     The chain's two tiers together are treated as one cache of the larger size.
     """
     ceiling = plan.ceiling.prefix_hits
@@ -125,6 +132,7 @@ def recommend(plan: Plan) -> str:
     if disk is not None and disk.capacity > ram.capacity:
         tiers.append({"name": "disk", "backend": "fs", "url": "file:///var/cache/kvtier",
                       "capacity": _size(plan.scale(disk.capacity) * plan.block_bytes),
+                      **({"eviction": plan.disk_eviction} if plan.disk_eviction != "lru" else {}),
                       "write": "back"})
         note += f"; with disk: {disk.prefix_ratio:.1%}"
     note += f"; ceiling {plan.ceiling.prefix_ratio:.1%}\n"

@@ -6,13 +6,18 @@ JSON object a line, read with ``json`` only (nothing in them is executed):
 
 * Mooncake (``FAST25-release/traces`` in kvcache-ai/Mooncake): ``timestamp``,
   ``input_length``, ``output_length``, ``hash_ids`` of 512-token blocks.  The
-  last block of a prompt carries what is left of ``input_length``.
+  last block of a prompt carries what is left of ``input_length``.  A
+  ``session_id`` or ``conversation_id``, where a line has one, is kept for
+  the fleet's sticky router.
 * kvtier's recording (``record:`` in a chain, see kvtier.chain.record): a
   header line ``{"kvtier_trace": 1, "sample": RATE, ...}``, then one line per
   call, ``{"t": SECONDS, "op": "lookup"|"get"|"put", "keys": [HASH, ...]}``.
   Each lookup is an engine asking for its prompt's cached prefix, so each is
   a request; a recording without lookups (a chain driven by gets and puts
   only) uses its gets instead, and its puts where it has no gets either.
+
+A vLLM KV-event log (``kvtier record-events``, header ``{"kvtier_events": 1}``)
+is read by :func:`kvtier.plan.events.events_trace`.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ __all__ = ["BLOCK_TOKENS", "Request", "Trace", "generate", "read_trace", "write_
 
 #: Tokens per block in the Mooncake traces.
 BLOCK_TOKENS = 512
+#: Fields of a Mooncake-style line that name its conversation (the sticky router's key).
+SESSION_FIELDS = ("session_id", "conversation_id")
 
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt: its block keys in order, and the prompt tokens each block holds."""
+    """One prompt: its block keys in order, the prompt tokens each block holds, its session."""
 
     keys: tuple[int, ...]
     tokens: tuple[int, ...]
+    session: str | None = None  # a conversation's id, where the trace names one
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,15 @@ class Trace:
 
 def _mooncake_request(row: dict[str, Any], block_tokens: int) -> Request:
     keys = tuple(int(h) for h in row["hash_ids"])
+    session = next((row[name] for name in SESSION_FIELDS if row.get(name) is not None), None)
+    session = None if session is None else str(session)
     length = row.get("input_length")
     if not isinstance(length, int) or length <= 0:
-        return Request(keys, (block_tokens,) * len(keys))
+        return Request(keys, (block_tokens,) * len(keys), session)
     tokens = tuple(
         max(0, min(block_tokens, length - i * block_tokens)) for i in range(len(keys))
     )
-    return Request(keys, tokens)
+    return Request(keys, tokens, session)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -90,6 +100,13 @@ def read_trace(path: str | Path, block_tokens: int = BLOCK_TOKENS) -> Trace:
         return Trace([], block_tokens, source=str(path))
     if "kvtier_trace" in first[1]:
         return _recorded(path, first[1], rows)
+    if "kvtier_events" in first[1]:
+        from .events import events_trace  # it imports this module
+
+        try:
+            return events_trace(rows, str(path))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{exc}") from None
     requests = []
     for number, row in [first, *rows]:
         if not isinstance(row.get("hash_ids"), list):
@@ -119,8 +136,10 @@ def write_mooncake(trace: Trace, path: str | Path) -> None:
     """Write ``trace`` as Mooncake JSONL (one request a line, a millisecond apart)."""
     with Path(path).open("w", encoding="utf-8") as out:
         for i, request in enumerate(trace.requests):
-            row = {"timestamp": i, "input_length": sum(request.tokens),
-                   "output_length": 1, "hash_ids": list(request.keys)}
+            row: dict[str, Any] = {"timestamp": i, "input_length": sum(request.tokens),
+                                   "output_length": 1, "hash_ids": list(request.keys)}
+            if request.session is not None:
+                row["session_id"] = request.session
             out.write(json.dumps(row) + "\n")
 
 

@@ -43,6 +43,31 @@ def test_prometheus_endpoint_exports_tier_counters() -> None:
     assert ns not in text
 
 
+def test_prometheus_endpoint_exports_online_sizing_per_scale() -> None:
+    """Each tier's sizing_hit_ratio_<m>x is a gauge labelled by scale, the stats' own value."""
+    port = free_port()
+    cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "4KiB", "sizing_sample": 1},
+                     {"name": "off", "backend": "host", "capacity": "4KiB", "sizing_sample": 0}],
+           "metrics": {"prometheus_port": port}}
+    with open_chain(cfg, namespace="sizing-metrics-test") as chain:
+        keys = [bytes([i]) for i in range(12)]
+        for _ in range(3):  # 12 blocks of 512 B: 8 fit at 1x, all of them at 2x
+            chain.get(keys, [bytearray(512) for _ in keys])
+            chain.put(keys, [bytes([i]) * 512 for i in range(12)])
+        stats = chain.stats()["tiers"][0]["backend_stats"]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        ns = chain.namespace.hex
+    exported = {}
+    for line in text.decode().splitlines():
+        if line.startswith("kvtier_tier_sizing_hit_ratio{"):
+            labels, value = line.split("} ")
+            exported[labels.split("{")[1]] = float(value)
+    expected = {f'backend="host",namespace="{ns}",scale="{m}x",tier="ram"':
+                stats[f"sizing_hit_ratio_{m}x"] for m in ("0.5", "1", "2", "4")}
+    assert exported == expected  # the tier with sizing off exports none
+    assert expected[f'backend="host",namespace="{ns}",scale="2x",tier="ram"'] > 0
+
+
 def test_log_line_every_interval(caplog: pytest.LogCaptureFixture) -> None:
     cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}],
            "metrics": {"log_interval": "50ms"}}

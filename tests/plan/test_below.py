@@ -1,11 +1,17 @@
-"""RAM over a tier below, with the chain's admission: exact on small traces, bounded on large."""
+"""RAM over a tier below, with the chain's admission: exact on small traces, bounded on large;
+an S3-FIFO tier below equals a plain simulation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from kvtier.backends.eviction import S3Fifo, Sized, new_policy
+from kvtier.chain.admission import Seen
 from kvtier.plan import Request, Trace, generate, infinite_point
 from kvtier.plan.below import replay_below
+from kvtier.plan.curves import BLOCK_SCALE
 
 
 def trace_of(*requests: tuple[int, ...]) -> Trace:
@@ -44,3 +50,80 @@ def test_admission_writes_less_below(kind: str) -> None:
     fewer = replay_below(trace, "lru", 30, 300, "back", 3)
     assert fewer.written_below < every.written_below / 2
     # hits below may rise: one-off blocks no longer push reused ones out of it
+
+
+# A plain simulation of an engine's calls: the RAM policy object over an S3Fifo object,
+# fed the admits and accesses the chain makes; nothing of replay_below.
+def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
+                admit: int) -> tuple[int, int, int]:
+    top = new_policy(ram_policy, ram * BLOCK_SCALE)
+    low = S3Fifo(below * BLOCK_SCALE)
+    block = Sized(BLOCK_SCALE)
+    seen = Seen()
+    from_ram = from_below = written = 0
+
+    def name(key: int) -> bytes:
+        return key.to_bytes(8, "little")
+
+    def down(key: int) -> None:
+        nonlocal written
+        if seen.count(name(key)) >= admit and low.access(key) is None:
+            low.admit(key, block, [])
+            written += 1
+
+    def put(key: int, promoted: bool) -> None:
+        if top.access(key) is not None:
+            return
+        out: list[Any] = []
+        top.admit(key, block, out)
+        if write == "through" and not promoted:
+            down(key)
+        if write == "back":
+            for victim, _ in out:
+                down(victim)
+
+    for request in trace.requests:
+        keys = list(request.keys)
+        seen.note([name(k) for k in keys])
+        found = 0
+        while found < len(keys):
+            if top.access(keys[found]) is not None:
+                from_ram += 1
+            elif low.access(keys[found]) is not None:
+                from_below += 1
+                put(keys[found], True)
+            else:
+                break
+            found += 1
+        if found:
+            seen.note([name(k) for k in keys[:found]])
+        if found < len(keys):
+            seen.note([name(k) for k in keys[found:]])
+        for key in keys[found:]:
+            put(key, False)
+    return from_ram, from_below, written
+
+
+@pytest.mark.parametrize(("kind", "ram_policy"), [
+    ("scan", "lru"), ("documents", "arc"), ("sessions", "s3fifo"), ("prompts", "adaptive"),
+])
+@pytest.mark.parametrize("write", ["back", "through"])
+@pytest.mark.parametrize("admit", [1, 3])
+def test_an_s3fifo_tier_below_equals_a_plain_simulation(
+    kind: str, ram_policy: str, write: str, admit: int
+) -> None:
+    trace = generate(kind, 500, seed=5)
+    point = replay_below(trace, ram_policy, 25, 140, write, admit, "s3fifo")
+    assert point.below_eviction == "s3fifo"
+    assert (point.from_ram, point.from_below, point.written_below) == plain_below(
+        trace, ram_policy, 25, 140, write, admit)
+
+
+def test_s3fifo_below_keeps_blocks_a_scan_would_push_out_of_lru() -> None:
+    trace = generate("scan", 600, seed=1)
+    lru = replay_below(trace, "lru", 20, 150, "back", 1)
+    s3fifo = replay_below(trace, "lru", 20, 150, "back", 1, "s3fifo")
+    assert lru.below_eviction == "lru" and lru.from_ram == s3fifo.from_ram
+    assert s3fifo.from_below > lru.from_below and s3fifo.written_below < lru.written_below
+    with pytest.raises(ValueError, match="lru or s3fifo, not 'fifo'"):
+        replay_below(trace, "lru", 20, 150, "back", 1, "fifo")

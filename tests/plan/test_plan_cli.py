@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from kvtier.cli import cli
 from kvtier.plan import generate, lru_curve, read_trace, write_mooncake
+from kvtier.plan.below import replay_below
 
 
 def test_mooncake_lines_carry_the_prompt_tokens_of_each_block(tmp_path: Path) -> None:
@@ -91,3 +92,35 @@ def test_plan_table_and_chart_note(tmp_path: Path) -> None:
         assert "matplotlib is not installed" in result.output and not chart.exists()
     else:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_below_eviction_rows_and_the_recommended_fs_tier() -> None:
+    args = ["plan", "--generate", "scan:600:1", "--policy", "lru", "--no-belady", "--ram",
+            "2GiB", "--below", "150", "--admit", "1", "--json"]
+    plain = json.loads(CliRunner().invoke(cli, args).output)
+    assert all("below_eviction" not in row for row in plain["below"])
+    fs = yaml.safe_load(plain["recommended"])["chain"][1]
+    assert fs["backend"] == "fs" and "eviction" not in fs
+    result = CliRunner().invoke(cli, [*args, "--below-eviction", "lru",
+                                      "--below-eviction", "s3fifo"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    trace = generate("scan", 600, seed=1)
+    rows = out["below"]
+    assert [row["below_eviction"] for row in rows] == ["lru", "s3fifo"] * len(out["capacities"])
+    for row in rows:
+        point = replay_below(trace, "lru", row["ram"], 150, "back", 1, row["below_eviction"])
+        assert (row["from_ram"], row["from_below"], row["written_below"]) == (
+            point.from_ram, point.from_below, point.written_below)
+    assert [row["from_below"] for row in rows[::2]] == [
+        row["from_below"] for row in plain["below"]]
+    # s3fifo served more of the scan from below than lru: the fs tier evicts s3fifo
+    assert sum(r["from_below"] for r in rows[1::2]) > sum(r["from_below"] for r in rows[::2])
+    chain = yaml.safe_load(out["recommended"])["chain"]
+    assert chain[1] == {**fs, "eviction": "s3fifo"}
+    from kvtier.config.loader import load_config
+
+    assert load_config({"chain": chain}).tiers[1].name == "disk"
+    # s3fifo alone was not compared with lru: the fs tier keeps its default
+    alone = json.loads(CliRunner().invoke(cli, [*args, "--below-eviction", "s3fifo"]).output)
+    assert "eviction" not in yaml.safe_load(alone["recommended"])["chain"][1]
