@@ -20,7 +20,9 @@ makes a kvtier chain one secondary tier:
 The leading ``host`` tier
     vLLM's CPU tier already keeps blocks in RAM.  A chain that starts with a
     ``host`` tier therefore *sizes* vLLM's CPU tier (``cpu_bytes_to_use`` =
-    the host tier's ``capacity``, ``eviction_policy`` = its ``eviction``),
+    the host tier's ``capacity``, ``eviction_policy`` = its ``eviction``;
+    ``s3fifo`` and ``adaptive`` run as kvtier's own policies there,
+    :mod:`kvtier.contrib.vllm.cache_policy`),
     and the chain opened for the secondary tier skips it: no block is held
     twice in RAM.  Without a leading host tier the CPU tier gets
     :data:`DEFAULT_PRIMARY_BYTES` (1 GiB) unless ``cpu_bytes_to_use`` is

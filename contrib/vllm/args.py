@@ -8,6 +8,7 @@ both the command-line flag and the Python equivalent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pprint
@@ -21,6 +22,7 @@ from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError
 
 __all__ = [
+    "CACHE_POLICY_MODULE",
     "DEFAULT_PRIMARY_BYTES",
     "SPEC_MODULE",
     "SPEC_NAME",
@@ -42,8 +44,14 @@ TIER_MODULE = "kvtier.contrib.vllm.tier"
 #: ``host`` tier and ``cpu_bytes_to_use`` is not given.
 DEFAULT_PRIMARY_BYTES = 1 << 30
 
-#: vLLM's built-in primary-tier eviction policies, by kvtier host ``eviction``.
-_EVICTION = {"lru": "lru", "arc": "arc"}
+#: The module of kvtier's policies for vLLM's CPU tier (``cache_policy_module_path``).
+CACHE_POLICY_MODULE = "kvtier.contrib.vllm.cache_policy"
+
+#: vLLM's ``eviction_policy`` for each kvtier host ``eviction``: vLLM's
+#: built-in ``lru`` and ``arc``, and kvtier's own policies (classes of
+#: :data:`CACHE_POLICY_MODULE`) for those vLLM lacks.
+_EVICTION = {"lru": "lru", "arc": "arc", "s3fifo": "S3FifoCachePolicy",
+             "adaptive": "AdaptiveCachePolicy"}
 
 
 def _load(config: str | os.PathLike[str] | ChainConfig) -> ChainConfig:
@@ -56,7 +64,9 @@ def primary_settings(config: str | os.PathLike[str] | ChainConfig) -> dict[str, 
     A chain that starts with a ``host`` tier gives its capacity (and its
     eviction policy) to vLLM's CPU tier, which then *is* that RAM tier; the
     chain the secondary tier opens skips it (:func:`secondary_chain_config`),
-    so no block is held twice in RAM.  Otherwise the CPU tier gets
+    so no block is held twice in RAM.  ``eviction: s3fifo`` or ``adaptive``
+    also sets ``cache_policy_module_path``: vLLM then runs kvtier's policy
+    (:mod:`kvtier.contrib.vllm.cache_policy`).  Otherwise the CPU tier gets
     :data:`DEFAULT_PRIMARY_BYTES`.
     """
     chain = _load(config)
@@ -67,6 +77,8 @@ def primary_settings(config: str | os.PathLike[str] | ChainConfig) -> dict[str, 
     eviction = _EVICTION.get(str(first.options.get("eviction") or "lru"))
     if eviction is not None:
         out["eviction_policy"] = eviction
+        if eviction not in ("lru", "arc"):
+            out["cache_policy_module_path"] = CACHE_POLICY_MODULE
     return out
 
 
@@ -89,7 +101,7 @@ def secondary_chain_config(
             where=chain.source,
             key="chain",
         )
-    return ChainConfig(tiers=rest, metrics=chain.metrics, source=chain.source)
+    return dataclasses.replace(chain, tiers=rest)  # load policy, recording: all kept
 
 
 def _is_kvtier_tier(entry: Any) -> bool:
@@ -128,7 +140,10 @@ def complete_extra_config(extra: Mapping[str, Any]) -> dict[str, Any]:
         tier.setdefault("config", path)
     out["secondary_tiers"] = tiers
     if "cpu_bytes_to_use" not in out or "eviction_policy" not in out:
-        for key, value in primary_settings(path).items():
+        settings = primary_settings(path)
+        if "eviction_policy" in out:  # the module path goes with the YAML's policy only
+            settings.pop("cache_policy_module_path", None)
+        for key, value in settings.items():
             out.setdefault(key, value)
     return out
 

@@ -6,10 +6,21 @@ asks for them: only ``test_lmcache_*.py`` do, after skipping without lmcache.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The vLLM tests' tiny random Llama, built once per module; skips without vLLM."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from shared_pool import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
 
 
 @pytest.fixture

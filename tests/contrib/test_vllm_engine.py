@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_process import RunnerProcess
 from shared_pool import engine_env
 from vllm_chain import REPO, damage_blocks, host_tier, write_yaml
 
@@ -48,17 +46,12 @@ CACHED = 128
 # --------------------------------------------------------------------------- engine runs
 
 
-class Run:
-    """One ``vllm_runner.py`` process, started at once; its stdout is read as it comes.
-
-    ``until(kind)`` waits for the runner's next ``KVTIER-RUNNER <kind>`` line,
-    so several runs can be started together and collected later.
-    """
+class Run(RunnerProcess):
+    """One ``vllm_runner.py`` process with the module's prompts, started at once."""
 
     def __init__(self, tmp: Path, model: str, *, config: Path | None = None,
                  phases: str = "", multiprocess: bool = False, pause: bool = False,
                  kv_events: bool = False) -> None:
-        self.log = tmp / f"run-{uuid.uuid4().hex[:8]}.log"
         cmd = [sys.executable, str(SUPPORT / "vllm_runner.py"), "--model", model,
                "--prompts", json.dumps(PROMPTS)]
         if config is not None:
@@ -69,64 +62,8 @@ class Run:
             cmd += ["--pause", "--reset-between"]
         if kv_events:
             cmd += ["--kv-events"]
-        with open(self.log, "w") as stderr:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=stderr, text=True, cwd=tmp,
-                                         env=engine_env(multiprocess))
-        self.lines: list[str] = []
-        self._seen = 0  # lines already searched by until()
-        self._cond = threading.Condition()
-        self._eof = False
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._cond:
-                self.lines.append(line)
-                self._cond.notify_all()
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
-
-    @property
-    def stdout(self) -> str:
-        with self._cond:
-            return "".join(self.lines)
-
-    def until(self, kind: str, timeout: float = 420.0) -> str:
-        prefix = f"KVTIER-RUNNER {kind} "
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for i in range(self._seen, len(self.lines)):
-                    if self.lines[i].startswith(prefix):
-                        self._seen = i + 1
-                        return self.lines[i][len(prefix):]
-                self._seen = len(self.lines)
-                left = deadline - time.monotonic()
-                if self._eof or left <= 0:
-                    break
-                self._cond.wait(left)
-        self.proc.kill()
-        code = self.proc.wait()
-        tail = self.stdout[-3000:] + self.log.read_text()[-4000:]
-        raise AssertionError(f"runner ended ({code}) before {kind}:\n{tail}")
-
-    def resume(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("\n")
-        self.proc.stdin.flush()
-
-    def result(self) -> dict[str, Any]:
-        payload: dict[str, Any] = json.loads(self.until("RESULT"))
-        assert self.proc.wait(60) == 0, self.log.read_text()[-4000:]
-        return payload
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(cmd, tmp, tmp / f"run-{uuid.uuid4().hex[:8]}.log",
+                         engine_env(multiprocess))
 
 
 def outputs(result: dict[str, Any], phase: int = 0) -> dict[str, list[int]]:
@@ -139,16 +76,6 @@ def cached(result: dict[str, Any], phase: int = 0) -> dict[str, int]:
 
 def metric(result: dict[str, Any], phase: int, name: str) -> float:
     return float(result["phases"][phase]["metrics"].get(name, 0))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed")
-    out = tmp_path_factory.mktemp("model") / "tiny-llama"
-    subprocess.run([sys.executable, str(SUPPORT / "make_tiny_llama.py"), str(out)], check=True,
-                   capture_output=True, env=engine_env(False))
-    return str(out)
 
 
 class Stored:

@@ -78,6 +78,34 @@ def test_vllm_args_command_prints_flag_and_python(tmp_path: Path) -> None:
     assert "only a host tier" in refused.output
 
 
+def test_s3fifo_and_adaptive_host_tiers_run_kvtiers_policy_in_vllms_cpu_tier(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+    from kvtier.contrib.vllm import complete_extra_config, kv_transfer_config
+    from kvtier.contrib.vllm.args import CACHE_POLICY_MODULE
+    from kvtier.contrib.vllm.cache_policy import POLICY_CLASSES
+
+    disk = {"name": "disk", "backend": "fs", "url": str(tmp_path / "store")}
+    for eviction, name in (("s3fifo", "S3FifoCachePolicy"), ("adaptive", "AdaptiveCachePolicy"),
+                           ("lru", "lru"), ("arc", "arc")):
+        path = write_yaml(tmp_path / f"{eviction}.yaml", [{**host_tier(), "eviction": eviction},
+                                                          disk])
+        extra = kv_transfer_config(path)["kv_connector_extra_config"]
+        assert extra["eviction_policy"] == name
+        module = extra.get("cache_policy_module_path")
+        assert module == (CACHE_POLICY_MODULE if eviction in ("s3fifo", "adaptive") else None)
+        cls = CachePolicyFactory.get_cache_policy_cls(name, module)
+        assert cls is POLICY_CLASSES[eviction] or eviction in ("lru", "arc")
+        # the short hand-written form gets the same two keys; an explicit policy wins alone
+        short = complete_extra_config({"kvtier_config": str(path)})
+        assert (short["eviction_policy"], short.get("cache_policy_module_path")) == (name, module)
+        mine = complete_extra_config({"kvtier_config": str(path), "eviction_policy": "lru"})
+        assert mine["eviction_policy"] == "lru" and "cache_policy_module_path" not in mine
+
+
 def test_chain_without_host_tier_gets_default_primary_size(tmp_path: Path) -> None:
     from kvtier.contrib.vllm import (
         DEFAULT_PRIMARY_BYTES,
