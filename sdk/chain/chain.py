@@ -104,7 +104,7 @@ class Chain:
         self._traffic = Traffic(self.tiers, backlog_bytes, self._emit, self._seen)
         self._load = LoadDecision(config.load, len(self.tiers), namespace.tokens_per_block)
         self._jobs = Jobs(job_workers)
-        self._listeners = Listeners()  # see add_listener
+        self._listeners = Listeners(self._load.block_s)  # see add_listener
         self._closed = False
         self._reporter: MetricsReporter | None = None
         if config.metrics.prometheus_port is not None or config.metrics.log_interval:
@@ -367,7 +367,11 @@ class Chain:
         )
 
     def lookup(self, keys: Sequence[bytes]) -> list[int | None]:
-        """Per key, the index of the first tier holding it, or None."""
+        """Per key, the index of the first tier holding it, or None.
+
+        Where loads are weighed (``load_policy: cost`` and a ``recompute`` model),
+        an unmeasured tier found holding some is first probed (:meth:`_probe`).
+        """
         self._check_open()
         keys = check_keys(keys)
         self._saw("lookup", keys)
@@ -382,7 +386,30 @@ class Chain:
 
         for i, index, _ in self._read_walk(keys, step)[1]:
             where[i] = index
+        if self._load.weighs:
+            self._probe(keys, where)
         return where
+
+    def _probe(self, keys: Sequence[bytes], where: list[int | None]) -> None:
+        """Measure each tier in ``where`` with no recent reads by reading a block it
+        holds, or two (:meth:`LoadDecision.probe`): a fresh process would otherwise
+        load a whole prefix from a slow tier before learning that it is slow.  The
+        blocks read are promoted like any hit."""
+        for index in self._load.unmeasured(where):
+            tier = self.tiers[index]
+
+            def read(i: int, index: int = index, tier: Tier = tier) -> tuple[Any, Any]:
+                frames = _frames(index, [i])
+                return frames, tier.get_payloads([keys[i]], frames)[0]
+
+            held = [i for i, t in enumerate(where) if t == index]
+            for i, frames, payload in self._load.probe(index, held, read):
+                if payload is None:  # gone or unsound since the walk: not held after all
+                    where[i] = None
+                    continue
+                found: list[BytesLike | None] = [None] * len(keys)
+                found[i] = payload  # _promote reads payloads by key index
+                self._promote(index, keys, [i], frames, found)
 
     def prefix_hits(self, keys: Sequence[bytes], tokens_per_block: int | None = None) -> int:
         """How many leading keys are worth loading: held by some tier and, by the

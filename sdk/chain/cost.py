@@ -11,9 +11,13 @@ the residuals is kept too, and a tier is judged by a high quantile of its
 predicted time (:data:`QUANTILE`), so an erratic tail counts.
 
 A tier with no recent reads (their weight decayed below :data:`_MEASURED`)
-is *unmeasured*, and an unmeasured tier is trusted: its hits are loaded, and
-that load measures it.  This is also how a tier that was slow and declined
-is tried again once its measurements are old.
+is *unmeasured*.  Where loads are weighed, the chain measures such a tier
+when a lookup finds blocks in it, by reading one of them, and a second where
+the first says the tier is slower than recomputing (a *probe*,
+:meth:`LoadDecision.probe`), so that a fresh process does not load a whole
+prefix from a slow tier before it knows the tier is slow; where nothing measured it, it
+is trusted: its hits are loaded, and that load measures it.  A tier that was
+slow and declined is probed again once its measurements are old.
 
 :class:`LoadDecision` answers an engine's "how much of this prefix do you
 hold" with the prefix that saves the most time: ``load_margin`` times the
@@ -163,6 +167,68 @@ class LoadDecision:
         self._lock = threading.Lock()
         self._declined = [0] * tiers
         self._declined_tokens = [0] * tiers
+        self._probes = [0] * tiers
+        self._probing = [threading.Lock() for _ in range(tiers)]
+
+    @property
+    def weighs(self) -> bool:
+        """Whether loads are weighed against recomputing (a ``recompute`` model is set)."""
+        return self.config.weighs
+
+    def unmeasured(self, where: Sequence[int | None]) -> list[int]:
+        """The tiers in ``where`` (a lookup's answer) with no recent reads, each once."""
+        tiers = {t for t in where if t is not None}
+        return sorted(t for t in tiers if not self.measured(t))
+
+    def block_s(self, tier: int) -> float:
+        """Expected seconds to load a usual block of tier ``tier`` (0.0: unmeasured)."""
+        return self.costs[tier].predict(1)
+
+    def measured(self, tier: int) -> bool:
+        """Whether tier ``tier`` has recent reads to judge it by."""
+        return self.costs[tier].fit() is not None
+
+    def probe(self, tier: int, held: Sequence[int],
+              read: Callable[[int], tuple[Any, Any]]) -> list[tuple[int, Any, Any]]:
+        """Measure unmeasured tier ``tier`` by reading the first of ``held`` (positions
+        of its blocks in a lookup) with ``read(i) -> (context, payload or None)``;
+        answer the reads, ``(i, context, payload)``.
+
+        One read is one sample, and the engine's own threads can delay it many
+        times over (a 0.3 ms read of the fs tier took 15 ms beside vLLM's): where
+        it says the tier is slower than recomputing (:meth:`slower_than_recompute`),
+        a second block is read and the faster read counts.  Lookups that find the
+        tier unmeasured at once wait for one probe instead of each reading.
+        """
+        reads: list[tuple[int, Any, Any]] = []
+        with self._probing[tier]:
+            if self.measured(tier):  # by a probe that ran meanwhile
+                return reads
+            fastest: tuple[float, int] | None = None
+            for i in held[:2]:
+                start = time.perf_counter()
+                context, payload = read(i)
+                seconds = time.perf_counter() - start
+                with self._lock:
+                    self._probes[tier] += 1
+                reads.append((i, context, payload))
+                if payload is None:
+                    continue
+                if fastest is None or seconds < fastest[0]:
+                    fastest = (seconds, len(payload))
+                if not self.slower_than_recompute(seconds):
+                    break
+            if fastest is not None:
+                self.costs[tier].observe(1, fastest[1], fastest[0])
+        return reads
+
+    def slower_than_recompute(self, seconds: float) -> bool:
+        """Whether a read of one block in ``seconds`` costs more than the margin times
+        recomputing a block's tokens (a probe that would have the tier declined)."""
+        recompute = self.config.recompute
+        if recompute is None or not self.tokens_per_block:
+            return False
+        return seconds > self.config.margin * recompute.seconds(self.tokens_per_block)
 
     def observe(self, tier: int, found: Sequence[bool], sizes: Sequence[int],
                 seconds: float) -> None:
@@ -230,8 +296,10 @@ class LoadDecision:
         return best
 
     def tier_stats(self, tier: int) -> dict[str, Any]:
-        """``load_cost`` (the fit), ``declined`` blocks and ``declined_tokens`` of a tier."""
+        """``load_cost`` (the fit), ``declined`` blocks, ``declined_tokens`` and
+        ``probes`` (one-block reads that measured it) of a tier."""
         with self._lock:
             declined, tokens = self._declined[tier], self._declined_tokens[tier]
+            probes = self._probes[tier]
         return {"load_cost": self.costs[tier].summary(), "declined": declined,
-                "declined_tokens": tokens}
+                "declined_tokens": tokens, "probes": probes}

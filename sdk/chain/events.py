@@ -6,6 +6,11 @@ the tier (the caller's for a first-tier put and for ``evict``, a tier's
 writer thread for write-through copies, demotions and promotions), after the
 change, with no chain lock held.  It must be quick and must not raise: an
 exception is logged and dropped, never seen by the chain's caller.
+
+Each event carries ``load_s``: what loading a usual block from its tier is
+expected to take now (the 0.9 quantile of the tier's fitted read time,
+:mod:`kvtier.chain.cost`; 0.0 while the tier is unmeasured), so that a router
+can weigh where a block lives, not only whether it is cached.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class ChainEvent:
     tier_index: int
     keys: tuple[bytes, ...]
     reason: Reason
+    #: Expected seconds to load a usual block from the tier (0.0: not measured yet).
+    load_s: float = 0.0
 
 
 ChainListener = Callable[[ChainEvent], None]
@@ -46,9 +53,11 @@ ChainListener = Callable[[ChainEvent], None]
 class Listeners:
     """A thread-safe set of listeners; :meth:`emit` calls each in turn."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_load: Callable[[int], float] | None = None) -> None:
+        """``block_load(tier_index)``: the tier's expected block load time, for ``load_s``."""
         self._lock = threading.Lock()
         self._listeners: tuple[ChainListener, ...] = ()
+        self._block_load = block_load
 
     def add(self, listener: ChainListener) -> None:
         with self._lock:
@@ -68,9 +77,11 @@ class Listeners:
         listeners = self._listeners
         if not listeners:
             return
-        event = ChainEvent(kind, tier, index, tuple(keys), reason)
-        if not event.keys:
+        keys = tuple(keys)
+        if not keys:
             return
+        load_s = self._block_load(index) if self._block_load is not None else 0.0
+        event = ChainEvent(kind, tier, index, keys, reason, load_s)
         for listener in listeners:
             try:
                 listener(event)

@@ -32,11 +32,12 @@ def _payload(i: int) -> bytes:
     return bytes([i % 251]) * BLOCK
 
 
-def _config(policy: str = "cost", delay: float = SLOW) -> dict[str, Any]:
+def _config(policy: str = "cost", delay: float = SLOW, hiccup: float = 0.0) -> dict[str, Any]:
     return {
         "chain": [
             {"name": "ram", "backend": "host", "capacity": "64MiB", "promote": False},
-            {"name": "slow", "backend": "sample-slow", "delay_per_mib": delay},
+            {"name": "slow", "backend": "sample-slow", "delay_per_mib": delay,
+             "hiccup": hiccup},
         ],
         "load_policy": policy,
         "recompute": "1ms/token",
@@ -59,11 +60,13 @@ def open_slow(sample_plugin: str) -> Iterator[Any]:
 
 
 def _split(chain: kvtier.Chain, keys: list[bytes], in_ram: int) -> None:
-    """Every block in the slow tier, the first ``in_ram`` in RAM too."""
+    """Every block in the slow tier, the first ``in_ram`` in RAM too (asked of each
+    tier, not of the chain, whose lookup would measure the tiers)."""
     assert chain.put(keys, [_payload(i) for i in range(len(keys))]) == [True] * len(keys)
     assert chain.flush(30)
     chain.tiers[0].evict(keys[in_ram:])
-    assert chain.lookup(keys) == [0] * in_ram + [1] * (len(keys) - in_ram)
+    assert chain.tiers[0].lookup(keys) == [True] * in_ram + [False] * (len(keys) - in_ram)
+    assert chain.tiers[1].lookup(keys) == [True] * len(keys)
 
 
 def _load(chain: kvtier.Chain, keys: list[bytes]) -> None:
@@ -81,14 +84,50 @@ def test_a_fast_start_is_loaded_and_a_slow_rest_left_to_recompute(
     chain = open_slow(_config(policy, delay))
     keys = [b"key-%d" % i for i in range(8)]
     _split(chain, keys, in_ram=3)
-    assert chain.prefix_hits(keys) == 8  # unmeasured tiers are trusted
-    _load(chain, keys)  # measures both tiers
+    # a fresh chain: its lookup measures each tier by reading one block of it, and
+    # a second where the first says the tier is slower than recomputing
+    assert chain.prefix_hits(keys) == answer
+    slow = chain.stats()["tiers"][1]
+    probes = 0 if policy == "always" else 1 if delay == 0 else 2
+    assert (slow["probes"], slow["hits"]) == (probes, probes)  # no more blocks read
+    _load(chain, keys)  # measures both tiers with a whole load
     assert chain.prefix_hits([*keys, b"absent"]) == answer
     slow = chain.stats()["tiers"][1]
-    declined = 8 - answer
+    declined = 2 * (8 - answer)  # by both answers
     assert (slow["declined"], slow["declined_tokens"]) == (declined, declined * TOKENS)
+    assert slow["probes"] == probes  # measured now: not probed again
     assert slow["load_cost"]["measured"]
     assert (slow["load_cost"]["block_s"] > 0.05) == (delay > 0)
+
+
+def test_one_delayed_read_does_not_have_a_fast_tier_declined(open_slow: Any) -> None:
+    # the first read of the fast tier takes 100 ms (recomputing a block, 16 ms): the
+    # second is read before the tier is judged, and the faster read counts
+    chain = open_slow(_config("cost", 0.0, hiccup=0.1))
+    keys = [b"key-%d" % i for i in range(8)]
+    _split(chain, keys, in_ram=3)
+    assert chain.prefix_hits(keys) == 8
+    slow = chain.stats()["tiers"][1]
+    assert (slow["probes"], slow["hits"], slow["declined"]) == (2, 2, 0)
+    assert slow["load_cost"]["block_s"] < 0.05
+    _load(chain, keys)
+
+
+def test_events_carry_the_expected_block_load_time_of_their_tier(open_slow: Any) -> None:
+    chain = open_slow(_config())
+    events: list[Any] = []
+    chain.add_listener(events.append)
+    keys = [b"key-%d" % i for i in range(4)]
+    _split(chain, keys, in_ram=0)
+    stored = [(e.tier, e.reason, e.load_s) for e in events if e.kind == "stored"]
+    assert stored == [("ram", "put", 0.0), ("slow", "through", 0.0)]  # nothing measured yet
+    _load(chain, keys)
+    events.clear()
+    assert chain.evict(keys) == 4
+    block_s = chain.stats()["tiers"][1]["load_cost"]["block_s"]
+    assert block_s > 0.05
+    assert [(e.tier, e.kind, e.keys, e.load_s) for e in events] == [
+        ("slow", "removed", tuple(keys), pytest.approx(block_s, rel=0.05))]
 
 
 def test_tokens_per_block_weigh_the_load_against_more_compute(open_slow: Any) -> None:
@@ -157,7 +196,7 @@ def test_the_decision_flips_when_the_tier_slows_and_back_when_it_recovers(
     assert back == 5, answers
 
 
-def test_prometheus_exports_each_tiers_block_load_time_and_what_it_declined(
+def test_prometheus_exports_each_tiers_block_load_time_what_it_declined_and_probed(
     open_slow: Any
 ) -> None:
     with socket.socket() as sock:
@@ -166,12 +205,12 @@ def test_prometheus_exports_each_tiers_block_load_time_and_what_it_declined(
     chain = open_slow({**_config(), "metrics": {"prometheus_port": port}})
     keys = [b"key-%d" % i for i in range(8)]
     _split(chain, keys, in_ram=3)
-    _load(chain, keys)
-    assert chain.prefix_hits(keys) == 3
+    assert chain.prefix_hits(keys) == 3  # the slow tier measured by two blocks
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     labels = f'backend="sample-slow",namespace="{NS.hex}",tier="slow"'
     assert f"kvtier_tier_declined_blocks_total{{{labels}}} 5.0" in text
     assert f"kvtier_tier_declined_tokens_total{{{labels}}} 80.0" in text
+    assert f"kvtier_tier_probed_blocks_total{{{labels}}} 2.0" in text
     line = next(x for x in text.splitlines()
                 if x.startswith(f"kvtier_tier_block_load_seconds{{{labels}}}"))
     block_s = chain.stats()["tiers"][1]["load_cost"]["block_s"]

@@ -1,9 +1,10 @@
 """LMCache's lookup-and-lock locks the chunks worth loading (the chain's load_policy).
 
 A RAM tier holds the first chunks, the sample plugin's ``sample-slow`` backend
-(found through its entry point; its gets sleep per MiB) all of them.  Once a
-prefetch has measured both, a lookup locks the RAM chunks and leaves the slow
-ones to be recomputed; with ``load_policy: always`` it locks them all.
+(found through its entry point; its gets sleep per MiB) all of them.  From the
+first lookup on (it measures each tier by reading one block of it), a lookup
+locks the RAM chunks and leaves the slow ones to be recomputed; with
+``load_policy: always`` it locks them all.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ def test_lookup_locks_the_fast_chunks_and_leaves_the_slow_ones(
     assert store(adapter, keys, objs).is_successful()
     assert adapter.chain.flush(30)
     adapter.chain.tiers[0].evict([kvtier_key(k) for k in keys[3:]])  # 3-7 only in the slow tier
-    assert fetch(adapter, l1, keys) == data  # not measured yet: trusted, and now measured
+    # a fresh chain: the lookup measures each tier by reading one block of it
+    assert fetch(adapter, l1, keys) == data[:locked] + [None] * (8 - locked)
     assert lock(adapter, keys) == [True] * locked + [False] * (8 - locked)
     adapter.submit_unlock(keys[:locked])
     slow = adapter.chain.stats()["tiers"][1]
-    assert (slow["declined"], slow["declined_tokens"]) == (8 - locked, (8 - locked) * 32)
+    declined = 2 * (8 - locked)  # by both lookups
+    assert (slow["declined"], slow["declined_tokens"]) == (declined, declined * 32)
+    assert slow["probes"] == (2 if policy == "cost" else 0)  # the second confirms it

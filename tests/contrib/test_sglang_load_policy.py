@@ -1,9 +1,10 @@
 """SGLang's batch_exists answers with the pages worth loading (the chain's load_policy).
 
 A RAM tier holds the first pages, the sample plugin's ``sample-slow`` backend
-(found through its entry point; its gets sleep per MiB) all of them.  Once a
-load has measured both, ``batch_exists`` offers the RAM pages and leaves the
-slow ones to be recomputed; with ``load_policy: always`` it offers them all.
+(found through its entry point; its gets sleep per MiB) all of them.  From the
+first lookup on (it measures each tier by reading one block of it),
+``batch_exists`` offers the RAM pages and leaves the slow ones to be
+recomputed; with ``load_policy: always`` it offers them all.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ def test_batch_exists_offers_the_fast_pages_and_leaves_the_slow_ones(
     assert save_v1(backend, pool, keys, first_page=0)
     assert chain.flush(30)
     chain.tiers[0].evict(backend._page_keys(keys[3:]))  # pages 3-5 only in the slow tier
-    assert backend.batch_exists(keys) == 6  # not measured yet: trusted
-    assert load_v1(backend, pool, keys, first_page=10) == 6  # measures both tiers
+    # a fresh chain: the lookup measures each tier by reading one block of it
+    assert backend.batch_exists(keys) == pages
+    assert load_v1(backend, pool, keys, first_page=10) == 6  # every page, byte for byte
     assert page_bytes(pool, 10, 6) == page_bytes(pool, 0, 6)
     assert backend.batch_exists(keys) == pages
     slow = next(t for t in backend.chain_stats()["tiers"] if t["name"] == "slow")
-    assert slow["declined"] == (6 - pages) * backend._regions
+    assert slow["declined"] == 2 * (6 - pages) * backend._regions  # by both answers
+    assert slow["probes"] == (2 if policy == "cost" else 0)  # the second confirms it
     backend.close()
