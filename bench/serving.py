@@ -3,6 +3,7 @@
     python bench/serving.py [--quick] [--json] [--out FILE.json] [--chart FILE.png]
         [--workdir DIR] [--config NAME ...]
     python bench/serving.py --report RUN.json [RUN-2.json] [--chart FILE.png]
+    python bench/serving.py --policies [--quick] [--out FILE.json]
 
 Builds a random Llama (fp32, no tokenizer; sized so that prefill dominates)
 and a trace (:func:`build_trace`): shared system prompts of 2048 tokens, each
@@ -33,6 +34,15 @@ all use kvtier's ``KvtierOffloadingSpec`` (vLLM's ``TieringOffloadingSpec``
 plus a copy worker for the CPU platform, which vLLM's own refuses); they
 differ only in the tiers below the CPU tier.
 
+``--policies`` compares eviction policies in vLLM's CPU tier alone, on a
+trace whose reuse makes the policy matter (:func:`build_trace`, ``hot_systems``):
+two hot system prompts, used twice at first, then come back after every
+five one-off documents, which together are more KV than the CPU tier:
+
+* ``vllm-cpu``: vLLM's own ``lru`` (the baseline of the ratios);
+* ``vllm-cpu-s3fifo`` / ``vllm-cpu-adaptive``: kvtier's ``s3fifo`` /
+  ``adaptive`` in vLLM's CPU tier (``kvtier.contrib.vllm.cache_policy``).
+
 Figures per configuration: requests/s and output tokens/s over the trace's
 makespan, TTFT p50/p99 (from ``add_request`` to the step that returned the
 first token), vLLM's engine step time (``iteration_details.elapsed_ms``, from
@@ -55,7 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +74,9 @@ sys.path.insert(0, str(HERE))
 from serving_engine import engines_main  # noqa: E402 - bench/ is not a package
 
 CONFIGS = ("none", "vllm-cpu", "vllm-fs", "kvtier-fs", "kvtier-fs-object")
+#: vLLM's CPU tier alone, with kvtier's policies (``--policies``, beside ``vllm-cpu``)
+POLICY_CONFIGS = {"vllm-cpu-s3fifo": "S3FifoCachePolicy",
+                  "vllm-cpu-adaptive": "AdaptiveCachePolicy"}
 MiB = 1 << 20
 
 
@@ -87,6 +100,8 @@ class Shape:
     return_gap: int  # a session's next turn comes this many trace slots later
     cpu_tier_bytes: int  # vLLM's CPU tier, in every offloading configuration
     seed: int = 0
+    hot_systems: int = 0  # > 0: the hot-scan trace; the other systems are one-off documents
+    rounds: int = 0  # of the hot-scan trace
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -119,6 +134,18 @@ QUICK = Shape(layers=2, hidden=256, heads=8, kv_heads=4, head_dim=32, vocab=512,
               cpu_tier_bytes=16 * MiB)
 
 
+def hot_scan(shape: Shape, hot: int = 2, rounds: int = 8, one_offs: int = 5) -> Shape:
+    """``shape``'s model and CPU tier, with the hot-scan trace of ``--policies``.
+
+    One-off documents are 2048 tokens as the hot prompts; ``one_offs`` of
+    them (with the messages) are more KV than the CPU tier, so a policy
+    that keeps by recency only loses the hot prompts between their uses.
+    """
+    return replace(shape, systems=hot + rounds * one_offs,
+                   sessions=2 * hot + rounds * (one_offs + hot), user_tokens=(64,),
+                   hot_systems=hot, rounds=rounds)
+
+
 def build_trace(shape: Shape) -> dict[str, Any]:
     """System prompts, sessions (their user messages) and the order of their turns.
 
@@ -133,12 +160,29 @@ def build_trace(shape: Shape) -> dict[str, Any]:
         return [rng.randrange(3, shape.vocab) for _ in range(n)]
 
     systems = [tokens(shape.system_tokens) for _ in range(shape.systems)]
+    if shape.hot_systems:
+        return _hot_scan_trace(shape, systems, tokens)
     sessions = [{"system": s % shape.systems, "users": [tokens(n) for n in shape.user_tokens]}
                 for s in range(shape.sessions)]
     slots = sorted((s + t * shape.return_gap, t, s) for s in range(shape.sessions)
                     for t in range(len(shape.user_tokens)))
     return {"systems": systems, "sessions": sessions,
             "order": [[s, t] for _, t, s in slots]}
+
+
+def _hot_scan_trace(shape: Shape, systems: list[list[int]],
+                    tokens: Any) -> dict[str, Any]:
+    """Each request a one-turn session: the hot prompts twice, then rounds of one-offs + hot."""
+    hot = shape.hot_systems
+    one_offs = (shape.systems - hot) // shape.rounds
+    opened = list(range(hot)) * 2  # the system prompt of each session, in order
+    for r in range(shape.rounds):
+        opened += [hot + r * one_offs + i for i in range(one_offs)] + list(range(hot))
+    assert len(opened) == shape.sessions
+    sessions = [{"system": system, "users": [tokens(n) for n in shape.user_tokens]}
+                for system in opened]
+    return {"systems": systems, "sessions": sessions,
+            "order": [[s, 0] for s in range(len(sessions))]}
 
 
 def working_set_bytes(shape: Shape) -> int:
@@ -151,13 +195,19 @@ def working_set_bytes(shape: Shape) -> int:
 # --------------------------------------------------------------------------- configurations
 
 
-def offload_extra(shape: Shape, secondary: list[dict[str, Any]]) -> dict[str, Any]:
+def offload_extra(shape: Shape, secondary: list[dict[str, Any]],
+                  policy: str | None = None) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "spec_name": "KvtierOffloadingSpec",
+        "spec_module_path": "kvtier.contrib.vllm.spec",
+        "cpu_bytes_to_use": shape.cpu_tier_bytes,
+        "secondary_tiers": secondary}
+    if policy is not None:
+        from kvtier.contrib.vllm.args import CACHE_POLICY_MODULE
+
+        extra.update(eviction_policy=policy, cache_policy_module_path=CACHE_POLICY_MODULE)
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {
-                "spec_name": "KvtierOffloadingSpec",
-                "spec_module_path": "kvtier.contrib.vllm.spec",
-                "cpu_bytes_to_use": shape.cpu_tier_bytes,
-                "secondary_tiers": secondary}}
+            "kv_connector_extra_config": extra}
 
 
 def kvtier_transfer(shape: Shape, path: Path, tiers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,6 +235,8 @@ def transfer_configs(shape: Shape, work: Path, names: list[str],
             out[name] = None
         elif name == "vllm-cpu":
             out[name] = offload_extra(shape, [])
+        elif name in POLICY_CONFIGS:
+            out[name] = offload_extra(shape, [], POLICY_CONFIGS[name])
         elif name == "vllm-fs":
             out[name] = offload_extra(shape, [{"type": "fs", "root_dir": str(root / "fs")}])
         elif name == "kvtier-fs":
@@ -195,7 +247,8 @@ def transfer_configs(shape: Shape, work: Path, names: list[str],
             s3 = dict(object_entry, name="s3", prefix=f"serving-{os.getpid()}", write="through")
             out[name] = kvtier_transfer(shape, root / "tiers.yaml", [capped, s3])
         else:
-            raise SystemExit(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
+            known = ", ".join([*CONFIGS, *POLICY_CONFIGS])
+            raise SystemExit(f"unknown configuration {name!r}; choose from {known}")
     return out
 
 
@@ -318,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the JSON report to this file")
     parser.add_argument("--chart", help="write a PNG chart here (needs matplotlib)")
     parser.add_argument("--workdir", help="model, tiers and KV files (default: a temp dir)")
-    parser.add_argument("--config", action="append", choices=CONFIGS,
+    parser.add_argument("--config", action="append", choices=[*CONFIGS, *POLICY_CONFIGS],
                         help="run only these configurations (default: all)")
+    parser.add_argument("--policies", action="store_true",
+                        help="vLLM's CPU tier alone on the hot-scan trace: vLLM's lru "
+                             "against kvtier's s3fifo and adaptive")
     parser.add_argument("--report", nargs="+", metavar="RUN.json",
                         help="print the markdown tables of saved runs and exit")
     parser.add_argument("--engines", nargs="+", help=argparse.SUPPRESS)
@@ -338,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
 
     shape = QUICK if args.quick else FULL
     names = args.config or list(CONFIGS)
+    if args.policies:
+        shape = hot_scan(shape)
+        names = args.config or ["vllm-cpu", *POLICY_CONFIGS]
     log = sys.stderr
     temp = args.workdir is None
     work = Path(args.workdir or tempfile.mkdtemp(prefix="kvtier-serving-")).resolve()

@@ -260,10 +260,20 @@ def child_main(plan_path: Path) -> dict[str, Any]:
         after = offload_metrics(engine)
         metrics = {k: v - before.get(k, 0) for k, v in after.items()}
         tiers = chain_tiers()
+    policies = cache_policies() if transfer else []
     engine.engine_core.shutdown()
     return {"config": plan["config"], "engine_start_s": round(engine_s, 1), **result,
             "vllm_tiers": tiering_by_tier(metrics), "vllm_offload_metrics": metrics,
-            "kvtier_tiers": tiers}
+            "kvtier_tiers": tiers, "kvtier_policies": policies}
+
+
+def cache_policies() -> list[dict[str, Any]]:
+    """``stats()`` of kvtier's cache policies in vLLM's CPU tier, if one was loaded."""
+    if "kvtier.contrib.vllm.cache_policy" not in sys.modules:
+        return []
+    from kvtier.contrib.vllm.cache_policy import live_policies
+
+    return [dict(p.stats(), cls=type(p).__name__) for p in live_policies()]
 
 
 def engines_main(plan_paths: list[Path]) -> None:

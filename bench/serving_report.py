@@ -96,6 +96,37 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def _leader(policy: dict[str, Any]) -> str:
+    """Which policy ``adaptive`` followed at the end, and how often it switched."""
+    if "adaptive_leader" not in policy:
+        return ""
+    name = ("lru", "arc", "s3fifo")[policy["adaptive_leader"]]
+    return f", following {name} after {policy['adaptive_switches']} switches"
+
+
+def policy_table(report: dict[str, Any]) -> str:
+    """vLLM's CPU tier under each policy: its hits and throughput against vLLM's lru."""
+    by = {r["config"]: r for r in report["configs"] if r["summary"].get("completed")}
+    ref = by.get("vllm-cpu", {}).get("summary")
+    rows = ["| CPU tier policy | CPU-tier chunk hits | prompt tokens from the tier | req/s "
+            "| req/s / vllm-cpu | output tok/s | TTFT p50 s | policy's own count |",
+            "|---|--:|--:|--:|--:|--:|--:|---|"]
+    for name, r in by.items():
+        if not name.startswith("vllm-cpu"):
+            continue
+        s = r["summary"]
+        hits = int(r.get("vllm_tiers", {}).get("0:primary", {}).get("chunk_hits", 0))
+        share = s["cached_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0
+        ratio = f"{s['requests_per_s'] / ref['requests_per_s']:.2f}x" if ref else "-"
+        own = "; ".join(
+            f"{p['eviction']}: {p['hits']} hits, {p['evictions']} evictions, "
+            f"{p['deferred']} put off" + _leader(p)
+            for p in r.get("kvtier_policies", [])) or "vLLM's lru"
+        rows.append(f"| {name} | {hits} | {share:.0%} | {s['requests_per_s']:.3f} | {ratio} "
+                    f"| {s['output_tokens_per_s']:.1f} | {s['ttft_p50_s']:.3f} | {own} |")
+    return "\n".join(rows) if len(rows) > 3 else ""
+
+
 def markdown(reports: list[dict[str, Any]], names: list[str]) -> str:
     parts = []
     for report, name in zip(reports, names):
@@ -107,6 +138,9 @@ def markdown(reports: list[dict[str, Any]], names: list[str]) -> str:
             f"{shape['working_set_bytes'] / MiB:.0f} MiB, CPU tier "
             f"{shape['cpu_tier_bytes'] / MiB:.0f} MiB; outputs identical: "
             f"{report['outputs']['identical']}\n\n" + run_table(report) + "\n")
+        policies = policy_table(report)
+        if policies:
+            parts.append(policies + "\n")
         rows = targets(report)
         if rows:
             parts.append("| target | measured | met |\n|---|--:|---|\n" + "\n".join(
