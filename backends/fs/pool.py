@@ -70,6 +70,25 @@ _ROW = "(ns, key, size, state, writer, used)"  # the policy's columns take their
 Drop = Callable[[list[tuple[str, bytes]]], list[bool]]
 
 
+def _when_unlocked(statement: Callable[[], object]) -> None:
+    """Run ``statement`` once no other connection's lock refuses it (for up to ``_BUSY_S``).
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10 ms ... between tries: under
+    four writers that cost more than the writes; a transaction here lasts
+    tens of microseconds, so look again sooner.
+    """
+    delay, deadline = 50e-6, time.monotonic() + _BUSY_S
+    while True:
+        try:
+            statement()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 2e-3)
+
+
 class SharedPool:
     """This process's handle on the shared index of one root; thread-safe.
 
@@ -103,7 +122,8 @@ class SharedPool:
         self._evicting = threading.Lock()
         self._db = sqlite3.connect(os.path.join(root, DB_NAME), timeout=0.1,
                                    isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # switching a new index to WAL takes its lock: wait for a sharer creating it
+        _when_unlocked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints
         # the log is checkpointed at 256 pages and cut back to 1 MiB: the index's own
         # bytes, which no capacity counts, stay small beside min_free
@@ -123,23 +143,9 @@ class SharedPool:
     # transactions ------------------------------------------------------------
     @contextlib.contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, ``_db_lock`` held throughout.
-
-        SQLite's own busy handler sleeps 1, 2, 5, 10 ms ... between tries: under
-        four writers that cost more than the writes; a transaction here lasts
-        tens of microseconds, so look again sooner.
-        """
+        """One write transaction, ``_db_lock`` held throughout."""
         with self._db_lock:
-            delay, deadline = 50e-6, time.monotonic() + _BUSY_S
-            while True:
-                try:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or time.monotonic() > deadline:
-                        raise
-                time.sleep(delay)
-                delay = min(delay * 2, 2e-3)
+            _when_unlocked(lambda: self._db.execute("BEGIN IMMEDIATE"))
             try:
                 yield self._db
             except BaseException:
@@ -225,6 +231,8 @@ class SharedPool:
                     if self._take_lease():
                         tried, (freed, kept) = True, self._evict(need, drop)
                         waiting = waiting or kept > 0  # others go first on the next round
+                    else:  # another process evicts: it may have freed room by the next look
+                        waiting = True
                 finally:
                     self._evicting.release()
             elif need > 0:

@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,27 +43,33 @@ def report(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return result
 
 
-def _index_bytes(root: Path) -> int:
-    """Bytes of the pool's index (its database, log and the writers' journals) and of the
-    index files left at close (none are blocks)."""
+def _index_files(root: Path) -> dict[Path, tuple[int, int, int]]:
+    """The pool's index files (its database, log and the writers' journals) and the index
+    files left at close (none are blocks): each one's inode, change time and bytes held."""
     names = list(root.glob(DB_NAME + "*"))
     names += [p for p in (root / NS).glob("*") if p.is_file()]  # index.kvi and its temp files
-    total = 0
+    found = {}
     for name in names:
         with contextlib.suppress(FileNotFoundError):
-            total += os.stat(name).st_blocks * 512
-    return total
+            st = os.stat(name)
+            found[name] = (st.st_ino, st.st_ctime_ns, st.st_blocks * 512)
+    return found
 
 
 def used_on_tmpfs(root: Path) -> int:
     """Bytes the tmpfs holds in files other than the pool's index, from one statvfs (a
-    walk would add files deleted and written while it runs), taken while the index's
-    own files keep their size (they only grow, so equal before and after is exact)."""
+    walk would add files deleted and written while it runs), taken while no index file
+    changes: the log grows and is cut back at checkpoints, so equal sizes before and
+    after would not show that it was a page longer in between."""
     while True:
-        before = _index_bytes(root)
+        before = _index_files(root)
         st = os.statvfs(root)
-        if _index_bytes(root) == before:
-            return (st.f_blocks - st.f_bfree) * st.f_frsize - before
+        if _index_files(root) == before:
+            return (st.f_blocks - st.f_bfree) * st.f_frsize - _index_bytes(before)
+
+
+def _index_bytes(files: dict[Path, tuple[int, int, int]]) -> int:
+    return sum(held for *_, held in files.values())
 
 
 def rows(root: Path) -> list[tuple[str, bytes, int, str]]:
@@ -167,7 +174,7 @@ def test_min_free_keeps_a_small_tmpfs_from_filling(tmpfs: Path) -> None:
         for key in keys:
             assert list(tier.put([key], [block(key, size)], [])) == [True]
             st = os.statvfs(tmpfs)
-            assert st.f_bavail * st.f_frsize + _index_bytes(tmpfs) >= floor
+            assert st.f_bavail * st.f_frsize + _index_bytes(_index_files(tmpfs)) >= floor
         assert tier.stats()["pool_evictions"] > 0
         kept = [k for k, d in zip(keys, tier.get(keys), strict=True) if d is not None]
         assert len(kept) < len(keys)
@@ -342,5 +349,60 @@ def test_a_read_that_overlaps_its_block_s_eviction_is_a_miss(tmp_path: Path) -> 
         assert list(tier.get_into([b"b"], [[memoryview(buf)]])) == [None]
         del store._open
         assert list(tier.get(keys)) == [None, None]  # gone, as a miss
+    finally:
+        tier.close()
+
+
+def test_opening_waits_while_another_process_holds_the_new_index(tmp_path: Path) -> None:
+    root, size = tmp_path / "pool", 16 * KiB
+    root.mkdir()
+    # another process is creating the index (it holds the file's lock before its
+    # log is switched to WAL): an open at that moment waits for it, as a
+    # transaction would, instead of failing the tier
+    with sqlite3.connect(root / DB_NAME, timeout=30, isolation_level=None,
+                         check_same_thread=False) as lock:
+        lock.execute("BEGIN EXCLUSIVE")
+        lock.execute("CREATE TABLE being_made (x)")
+        release = threading.Timer(0.5, lambda: lock.execute("COMMIT"))
+        release.start()
+        try:
+            tier = open_backend({"url": str(root), "namespace": NS,
+                                 "options": {"capacity": "1MiB"}})
+        finally:
+            release.join()
+    try:
+        keys = [b"a", b"b"]
+        assert list(tier.put(keys, [block(k, size) for k in keys], [])) == [True, True]
+        assert [bytes(d) for d in tier.get(keys) if d is not None] == [block(k, size)
+                                                                       for k in keys]
+    finally:
+        tier.close()
+
+
+def test_a_put_waits_for_another_process_s_eviction_that_ends_before_it_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = 64 * KiB
+    tier = open_backend({"url": str(tmp_path), "namespace": NS,
+                         "options": {"capacity": 4 * size}})
+    try:
+        old = [f"old{i}".encode() for i in range(4)]
+        assert list(tier.put(old, [block(k, size) for k in old], [])) == [True] * 4
+        pool = tier.instance._store.pool
+        take, tries = pool._take_lease, []
+
+        def held_by_another() -> bool:
+            # another process holds the lease at the first try, and has given it
+            # back by the time this one looks again (nothing of anyone's in flight)
+            tries.append(time.monotonic())
+            return len(tries) > 1 and take()
+
+        monkeypatch.setattr(pool, "_take_lease", held_by_another)
+        monkeypatch.setattr(pool, "_lease_held", lambda: False)
+        new = [b"new0", b"new1"]
+        assert list(tier.put(new, [block(k, size) for k in new], [])) == [True, True]
+        assert pool.refused == 0 and len(tries) == 2
+        assert [bytes(d) for d in tier.get(new) if d is not None] == [block(k, size)
+                                                                      for k in new]
     finally:
         tier.close()
