@@ -1,15 +1,22 @@
 """kvtier's policies in vLLM's CPU tier, in the real engine on vLLM's CPU build.
 
-Three engine processes (``vllm_policy_child.py``) on a tiny random Llama
-built for the module generate the same prompts greedily, in the same order:
-one without any connector (the baseline), and two whose vLLM CPU tier (10
-chunks of 32 tokens, no tier below it) runs ``S3FifoCachePolicy`` and
-``AdaptiveCachePolicy`` from ``kvtier.contrib.vllm.cache_policy``, loaded by
-vLLM from ``eviction_policy`` + ``cache_policy_module_path``.  Two prompts
-come back between one-off prompts; each prompt is 4 chunks, so the tier must
-evict.  The outputs must equal the baseline's token for token, prompts must
-be served from the tier, and the policy objects vLLM built must have
-recorded the evictions and hits.
+Two engine processes (``vllm_policy_child.py``) on a tiny random Llama built
+for the module generate the same prompts greedily, in the same order; their
+vLLM CPU tier (10 chunks of 32 tokens, no tier below it) runs
+``S3FifoCachePolicy`` and ``AdaptiveCachePolicy`` from
+``kvtier.contrib.vllm.cache_policy``, loaded by vLLM from ``eviction_policy``
++ ``cache_policy_module_path``.  Two prompts come back between one-off
+prompts; each prompt is 4 chunks, so the tier must evict.  A prompt's first
+generation is computed whole (no tier holds it yet); each later one served
+from the tier must equal it token for token, prompts must be served from the
+tier, and the policy objects vLLM built must have recorded the evictions and
+hits.
+
+The reference is the same engine's own computed generation, not a second
+process without offloading: once in CI, a process's first prompt, computed
+with nothing cached, ended on another token than the other processes'
+(a near-tie of this random model's logits at its 8th token, settled
+differently from one process to another), which says nothing of the tier.
 """
 
 from __future__ import annotations
@@ -54,12 +61,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     base = tmp_path_factory.mktemp("policy-engine")
     model = build_tiny_model(base / "tiny-llama")
     procs = {}
-    for name in ("baseline", "S3FifoCachePolicy", "AdaptiveCachePolicy"):
+    for name in ("S3FifoCachePolicy", "AdaptiveCachePolicy"):
         cmd = [sys.executable, str(SUPPORT / "vllm_policy_child.py"), "--model", model,
                "--prompts", json.dumps(PROMPTS), "--order", ORDER,
-               "--out", str(base / f"{name}.json")]
-        if name != "baseline":
-            cmd += ["--extra", json.dumps(extra(name))]
+               "--out", str(base / f"{name}.json"), "--extra", json.dumps(extra(name))]
         log = open(base / f"{name}.log", "w")  # noqa: SIM115 (closed below)
         procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=base,
                                         env=engine_env(False)), log)
@@ -73,16 +78,21 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
 
 
 @pytest.mark.parametrize("policy", ["S3FifoCachePolicy", "AdaptiveCachePolicy"])
-def test_greedy_outputs_equal_the_runs_without_offloading(
+def test_greedy_outputs_served_from_the_tier_equal_the_computed_ones(
     results: dict[str, dict[str, Any]], policy: str
 ) -> None:
-    runs, baseline = results[policy]["runs"], results["baseline"]["runs"]
+    runs = results[policy]["runs"]
     assert [r["prompt"] for r in runs] == ORDER.split(",")
-    assert [r["ids"] for r in runs] == [r["ids"] for r in baseline]
-    assert all(r["cached"] == 0 for r in baseline)
+    computed: dict[str, list[int]] = {}
+    for run in runs:
+        if run["prompt"] not in computed:  # its first: no tier held any of it
+            assert run["cached"] == 0
+            computed[run["prompt"]] = run["ids"]
+        assert run["ids"] == computed[run["prompt"]], run
     served = [r for r in runs if r["cached"]]
     assert served and all(r["prompt"].startswith("hot") for r in served)
     assert all(r["cached"] % 32 == 0 and r["cached"] <= 128 for r in served)
+    assert len({tuple(ids) for ids in computed.values()}) == len(PROMPTS)  # told apart
 
 
 @pytest.mark.parametrize("policy", ["S3FifoCachePolicy", "AdaptiveCachePolicy"])
