@@ -49,6 +49,13 @@ class BelowPoint:
     from_below: int  # prefix blocks the tier below served
     written_below: int  # blocks written to the tier below
     below_eviction: str = "lru"  # the tier below's policy
+    #: Writes below that no read used before the block left the tier (or the trace
+    #: ended): what an admission rule could refuse without losing a hit below.
+    never_read: int = 0
+
+    @property
+    def never_read_share(self) -> float:
+        return self.never_read / self.written_below if self.written_below else 0.0
 
     @property
     def prefix_ratio(self) -> float:
@@ -67,16 +74,22 @@ def replay_below(
     low: Any = new_policy(below_eviction, below * BLOCK_SCALE)
     seen = Seen()
     evicted: list[Any] = []
-    from_ram = from_below = written = 0
+    dropped: list[Any] = []  # what the tier below evicts
+    read_below: dict[int, bool] = {}  # each block below: read since its write
+    from_ram = from_below = written = never_read = 0
 
     def write_below(keys: list[int]) -> None:
-        nonlocal written
+        nonlocal written, never_read
         for key in keys:
             if admit > 1 and seen.count(_key_bytes(key)) < admit:
                 continue
             if low.access(key) is None:  # a key held below keeps its block: no write
-                low.admit(key, _PAYLOAD, [])
+                low.admit(key, _PAYLOAD, dropped)
                 written += 1
+                read_below[key] = False
+                for gone, _ in dropped:
+                    never_read += not read_below.pop(gone)
+                dropped.clear()
 
     def store(key: int, promoted: bool = False) -> None:
         if top.access(key) is not None:
@@ -98,6 +111,7 @@ def replay_below(
                 from_ram += 1
             elif low.access(key) is not None:
                 from_below += 1
+                read_below[key] = True
                 store(key, promoted=True)
             else:
                 break
@@ -108,5 +122,6 @@ def replay_below(
             seen.note(as_bytes[prefix:])  # the put
             for key in keys[prefix:]:
                 store(key)
+    never_read += sum(not read for read in read_below.values())
     return BelowPoint(ram, below, write, admit, trace.references, from_ram, from_below, written,
-                      below_eviction)
+                      below_eviction, never_read)

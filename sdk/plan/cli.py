@@ -130,7 +130,8 @@ def plan_command(
     plan.disk_eviction = _disk_eviction(rows)
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3),
-                               "below": [_named({**asdict(r), "prefix_ratio": r.prefix_ratio},
+                               "below": [_named({**asdict(r), "prefix_ratio": r.prefix_ratio,
+                                                  "never_read_share": r.never_read_share},
                                                 below_evictions) for r in rows]}, indent=1))
     else:
         _print(plan, seconds)
@@ -202,12 +203,13 @@ def _print_below(rows: list[BelowPoint], policy: str, named: bool) -> None:
     table = Table(title=f"RAM ({policy}) over {rows[0].below:,} blocks below, "
                         f"write: {rows[0].write}, by admit")
     for column in ("RAM blocks", "admit", *(["below evicts"] if named else []),
-                   "prefix hit ratio", "from RAM", "from below", "written below"):
+                   "prefix hit ratio", "from RAM", "from below", "written below",
+                   "never read below"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(f"{r.ram:,}", str(r.admit), *([r.below_eviction] if named else []),
                       f"{r.prefix_ratio:.1%}", f"{r.from_ram:,}", f"{r.from_below:,}",
-                      f"{r.written_below:,}")
+                      f"{r.written_below:,}", f"{r.never_read:,} ({r.never_read_share:.0%})")
     console().print(table)
 
 

@@ -29,6 +29,16 @@ def test_a_three_request_trace(write: str, admit: int, from_below: int, written:
     assert (point.from_ram, point.from_below, point.written_below) == (0, from_below, written)
 
 
+def test_writes_below_that_no_read_used_are_counted() -> None:
+    # A demoted by B and read back; B, demoted by A's promotion, never read
+    point = replay_below(trace_of((1,), (2,), (1,)), "lru", 1, 10, "back", 1)
+    assert (point.written_below, point.never_read) == (2, 1)
+    # one block below: A pushed out unread by B, B by C, and C still unread at the end
+    point = replay_below(trace_of((1,), (2,), (3,), (1,)), "lru", 1, 1, "back", 1)
+    assert (point.from_below, point.written_below, point.never_read) == (0, 3, 3)
+    assert point.never_read_share == 1.0
+
+
 def test_a_second_request_admits_a_block_evicted_after_it() -> None:
     # A named by requests 1 and 2 (4 calls) before B and C push it out of RAM
     point = replay_below(trace_of((1,), (1,), (2,), (3,), (1,)), "lru", 1, 10, "back", 3)
@@ -55,21 +65,25 @@ def test_admission_writes_less_below(kind: str) -> None:
 # A plain simulation of an engine's calls: the RAM policy object over an S3Fifo object,
 # fed the admits and accesses the chain makes; nothing of replay_below.
 def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
-                admit: int) -> tuple[int, int, int]:
+                admit: int) -> tuple[int, int, int, int]:
     top = new_policy(ram_policy, ram * BLOCK_SCALE)
     low = S3Fifo(below * BLOCK_SCALE)
     block = Sized(BLOCK_SCALE)
     seen = Seen()
-    from_ram = from_below = written = 0
+    read: dict[int, bool] = {}  # held below: read since written
+    from_ram = from_below = written = never_read = 0
 
     def name(key: int) -> bytes:
         return key.to_bytes(8, "little")
 
     def down(key: int) -> None:
-        nonlocal written
+        nonlocal written, never_read
         if seen.count(name(key)) >= admit and low.access(key) is None:
-            low.admit(key, block, [])
+            gone: list[Any] = []
+            low.admit(key, block, gone)
             written += 1
+            read[key] = False
+            never_read += sum(not read.pop(k) for k, _ in gone)
 
     def put(key: int, promoted: bool) -> None:
         if top.access(key) is not None:
@@ -91,6 +105,7 @@ def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
                 from_ram += 1
             elif low.access(keys[found]) is not None:
                 from_below += 1
+                read[keys[found]] = True
                 put(keys[found], True)
             else:
                 break
@@ -101,7 +116,7 @@ def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
             seen.note([name(k) for k in keys[found:]])
         for key in keys[found:]:
             put(key, False)
-    return from_ram, from_below, written
+    return from_ram, from_below, written, never_read + sum(not r for r in read.values())
 
 
 @pytest.mark.parametrize(("kind", "ram_policy"), [
@@ -115,8 +130,8 @@ def test_an_s3fifo_tier_below_equals_a_plain_simulation(
     trace = generate(kind, 500, seed=5)
     point = replay_below(trace, ram_policy, 25, 140, write, admit, "s3fifo")
     assert point.below_eviction == "s3fifo"
-    assert (point.from_ram, point.from_below, point.written_below) == plain_below(
-        trace, ram_policy, 25, 140, write, admit)
+    assert (point.from_ram, point.from_below, point.written_below,
+            point.never_read) == plain_below(trace, ram_policy, 25, 140, write, admit)
 
 
 def test_s3fifo_below_keeps_blocks_a_scan_would_push_out_of_lru() -> None:
