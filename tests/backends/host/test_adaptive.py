@@ -6,7 +6,8 @@ from typing import Any
 
 from host_blocks import block, k, open_host
 
-from kvtier.backends.eviction import Adaptive, new_policy
+from kvtier.backends.adaptive import Adaptive
+from kvtier.backends.eviction import new_policy
 from kvtier.plan import generate, replay
 
 

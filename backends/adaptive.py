@@ -1,0 +1,190 @@
+"""``eviction: adaptive``: follows whichever fixed policy hits most on the recent traffic.
+
+The candidates are :mod:`.eviction`'s ``lru``, ``arc`` and ``s3fifo``;
+:func:`kvtier.backends.eviction.new_policy` builds this one for
+``"adaptive"``.  How it chooses, and the figures behind its constants, are
+in :class:`Adaptive` and BENCHMARKS.md ("adaptive beside the best fixed
+policy").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from kvtier.spec.base import Evicted
+
+from .eviction import FIXED_POLICIES, Arc, Lru, S3Fifo, Sized
+
+__all__ = ["Adaptive"]
+
+
+def _hash64(key: bytes | int) -> int:
+    """A key's 64-bit hash, the same in every process (plan replays int keys)."""
+    if isinstance(key, int):  # splitmix64's finaliser
+        z = (key + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+        return z ^ (z >> 31)
+    return xxhash.xxh3_64_intdigest(key)
+
+
+class Adaptive:
+    """Follows whichever of lru, arc and s3fifo hits most on the recent traffic.
+
+    Keys sampled by hash (at least :data:`SAMPLE`, raised so a miniature holds
+    :data:`MIN_BLOCKS` blocks of the first block's size) feed a miniature of
+    each candidate at the tier's capacity scaled by the sample, as in online
+    sizing; every access and admit is a reference for them.  It starts with
+    ``s3fifo`` (started with ``lru``, it lagged where a trace ended before the
+    evidence for a frequency-aware policy piled up: 1.8 points behind at
+    20,000 blocks of Mooncake's synthetic trace, BENCHMARKS.md) and every
+    :data:`CHECK` sampled uses switches to a candidate that hits more by over
+    :data:`Z` standard deviations of the uses where the two disagree
+    (McNemar's test: uses both hit or both miss tell nothing).  A fixed 2%
+    margin kept the first policy for a whole trace where differences were
+    small beside the hits, and switched on noise where hits were few
+    (BENCHMARKS.md, "adaptive beside the best fixed policy").  Hits and
+    disagreements are halved every :data:`EPOCH` sampled uses.
+
+    A switch hands the blocks on in the order the old policy would evict
+    them, each used again as often (up to 3) as while held, so the successor
+    keeps blocks used again apart (ARC's T2, S3-FIFO's main queue); handed on
+    as new, they lost most of what a switch would gain.
+    """
+
+    CANDIDATES = ("lru", "arc", "s3fifo")
+    FIRST = "s3fifo"
+    SAMPLE = 0.01
+    #: Blocks a miniature holds at least (of the first block's size): the sample is raised to it.
+    MIN_BLOCKS = 256
+    CHECK = 100
+    EPOCH = 2000
+    Z = 2.0
+    #: Uses of a block a switch hands on at most, as S3-FIFO's counts.
+    MAX_USES = 3
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.leader = self.CANDIDATES.index(self.FIRST)
+        self._policy: Lru | Arc | S3Fifo = FIXED_POLICIES[self.FIRST](capacity)
+        self._earlier_evictions = 0
+        self._limit = 0
+        self._minis: list[Any] = []
+        n = len(self.CANDIDATES)
+        self._scores = [0.0] * n
+        self._apart = [[0.0] * n for _ in range(n)]  # [i][j]: uses i hit and j missed
+        self._uses = 0
+        self.switches = 0
+        self._sink: list[Any] = []
+        self._reused: dict[Any, int] = {}  # uses of blocks held since their admit, up to 3
+
+    @property
+    def used(self) -> int:
+        return self._policy.used
+
+    @property
+    def evictions(self) -> int:
+        return self._earlier_evictions + self._policy.evictions
+
+    def __len__(self) -> int:
+        return len(self._policy)
+
+    def peek(self, key: bytes) -> bytes | None:
+        return self._policy.peek(key)
+
+    def sizes(self) -> list[tuple[bytes, int]]:
+        return self._policy.sizes()
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        return self._policy.holds(keys)
+
+    def remove(self, key: bytes) -> bytes | None:
+        self._reused.pop(key, None)
+        return self._policy.remove(key)
+
+    def rewrite(self, key: bytes, data: bytes) -> None:
+        self._policy.rewrite(key, data)
+
+    def shed(self, evicted: Evicted) -> None:
+        self._policy.shed(evicted)
+
+    def make_room(self, nbytes: int, evicted: Evicted) -> None:
+        self._policy.make_room(nbytes, evicted)
+
+    def extra_stats(self) -> dict[str, int]:
+        return {"adaptive_leader": self.leader, "adaptive_switches": self.switches}
+
+    def access(self, key: bytes) -> bytes | None:
+        if self._minis and _hash64(key) < self._limit:
+            self._sampled_use(key)
+        data = self._policy.access(key)
+        if data is not None:
+            reused = self._reused
+            uses = reused.get(key, 0)
+            if uses < self.MAX_USES:
+                reused[key] = uses + 1
+        return data
+
+    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
+        if not self._minis:
+            sample = min(1.0, max(self.SAMPLE, self.MIN_BLOCKS * max(len(data), 1) / self.capacity))
+            self._limit = int(sample * (1 << 64))
+            size = max(1, int(self.capacity * sample))
+            self._minis = [FIXED_POLICIES[name](size) for name in self.CANDIDATES]
+        sink = self._sink
+        if _hash64(key) < self._limit:
+            for mini in self._minis:
+                if mini.access(key) is None and len(data) <= mini.capacity:
+                    mini.admit(key, Sized(len(data)), sink)
+                    sink.clear()
+        reused = self._reused
+        reused.pop(key, None)  # a block admitted anew has not been used again yet
+        self._policy.admit(key, data, sink)
+        if sink:
+            for gone, _ in sink:
+                reused.pop(gone, None)
+            evicted.extend(sink)
+            sink.clear()
+        if len(reused) > 2 * len(self._policy):  # left over by shed, make_room
+            held = self._policy.holds(list(reused))
+            self._reused = {k: n for (k, n), keep in zip(reused.items(), held, strict=True)
+                            if keep}
+
+    def _sampled_use(self, key: bytes) -> None:
+        hit = [mini.access(key) is not None for mini in self._minis]
+        scores, apart = self._scores, self._apart
+        for i, one in enumerate(hit):
+            if one:
+                scores[i] += 1
+                row = apart[i]
+                for j, other in enumerate(hit):
+                    if not other:
+                        row[j] += 1
+        self._uses += 1
+        if self._uses % self.CHECK == 0:
+            self._decide()
+
+    def _decide(self) -> None:
+        scores, apart, lead = self._scores, self._apart, self.leader
+        best = max(range(len(scores)), key=scores.__getitem__)
+        disagree = apart[best][lead] + apart[lead][best]
+        if best != lead and scores[best] - scores[lead] > self.Z * disagree ** 0.5:
+            self._switch(best)
+        if self._uses >= self.EPOCH:
+            self._scores = [score / 2 for score in scores]
+            self._apart = [[n / 2 for n in row] for row in apart]
+            self._uses = 0
+
+    def _switch(self, to: int) -> None:
+        successor = FIXED_POLICIES[self.CANDIDATES[to]](self.capacity)
+        reused = self._reused
+        for key, data in self._policy.items():
+            successor.admit(key, data, [])  # the same bytes fit the same capacity
+            for _ in range(reused.get(key, 0)):  # at the newest end: the order holds
+                successor.access(key)
+        self._earlier_evictions += self._policy.evictions
+        self._policy, self.leader = successor, to
+        self.switches += 1
