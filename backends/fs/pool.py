@@ -244,7 +244,7 @@ class SharedPool:
                 continue
             if freed <= 0:
                 with self._db_lock:
-                    held = self._lease_held()
+                    held = self._lease_held(self._db)
                     # asked again: others may have taken the room since the grant
                     waiting = waiting or self._db.execute(
                         "SELECT inflight FROM totals WHERE scope = ?",
@@ -262,13 +262,10 @@ class SharedPool:
         want = sum(size for key, size in zip(keys, sizes, strict=True) if key not in self.mine)
         if want > self.spare:
             return False
-        if self.floor is not None:
-            # the floor was checked when the credit was taken; another program may
-            # have filled the disk since: then the transaction checks again
-            st = os.statvfs(self.root)
-            floor = self.floor[0] or int(self.floor[1] * st.f_blocks * st.f_frsize)
-            if st.f_bavail * st.f_frsize - floor < self.spare:
-                return False
+        # the floor was checked when the credit was taken; another program may have
+        # filled the disk since: then the transaction checks again
+        if self.floor is not None and self._above_floor() < self.spare:
+            return False
         for i, key in enumerate(keys):
             if key in self.mine:
                 out[i] = "have"
@@ -299,12 +296,17 @@ class SharedPool:
         cap = None if self.capacity is None else self.capacity - used
         floor = None
         if self.floor is not None:
-            st = os.statvfs(self.root)
             total_inflight = db.execute(
                 "SELECT inflight FROM totals WHERE scope = '*'").fetchall()[0][0]
-            want = self.floor[0] or int(self.floor[1] * st.f_blocks * st.f_frsize)
-            floor = st.f_bavail * st.f_frsize - total_inflight - want
+            floor = self._above_floor() - total_inflight
         return cap, floor, inflight
+
+    def _above_floor(self) -> int:
+        """Bytes free on the filesystem beyond ``min_free`` now (``floor`` set)."""
+        assert self.floor is not None
+        st = os.statvfs(self.root)
+        want = self.floor[0] or int(self.floor[1] * st.f_blocks * st.f_frsize)
+        return st.f_bavail * st.f_frsize - want
 
     def _grant(self, keys: Sequence[bytes], sizes: Sequence[int], pending: list[int],
                out: list[str]) -> tuple[list[int], int, bool]:
@@ -459,15 +461,14 @@ class SharedPool:
                     self._add(db, self.ns, -row[0][0], 0)
 
     # the evictor ------------------------------------------------------------------
-    def _lease_held(self) -> bool:
+    def _lease_held(self, db: sqlite3.Connection) -> bool:
         """Whether another process holds a live lease (so room may come); ``_db_lock`` held."""
-        holder, expires = self._db.execute("SELECT holder, expires FROM lease").fetchall()[0]
-        return holder != self.me and expires > time.time() and alive(holder)
+        holder, expires = db.execute("SELECT holder, expires FROM lease").fetchall()[0]
+        return bool(holder != self.me and expires > time.time() and alive(holder))
 
     def _take_lease(self) -> bool:
         with self._txn() as db:
-            holder, expires = db.execute("SELECT holder, expires FROM lease").fetchall()[0]
-            if holder != self.me and expires > time.time() and alive(holder):
+            if self._lease_held(db):
                 return False
             db.execute("UPDATE lease SET holder = ?, expires = ?",
                        (self.me, time.time() + self.lease_s))

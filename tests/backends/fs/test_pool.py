@@ -398,7 +398,7 @@ def test_a_put_waits_for_another_process_s_eviction_that_ends_before_it_looks(
             return len(tries) > 1 and take()
 
         monkeypatch.setattr(pool, "_take_lease", held_by_another)
-        monkeypatch.setattr(pool, "_lease_held", lambda: False)
+        monkeypatch.setattr(pool, "_lease_held", lambda db: False)
         new = [b"new0", b"new1"]
         assert list(tier.put(new, [block(k, size) for k in new], [])) == [True, True]
         assert pool.refused == 0 and len(tries) == 2
