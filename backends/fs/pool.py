@@ -508,9 +508,7 @@ class SharedPool:
             self._settle_dead(db)
             victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
                                  ).fetchall()  # left by an evictor that died
-            held = db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE "
-                              f"{self.policy.where}state = 'S'", self.policy.args).fetchall()[0][0]
-            if held < need and not victims:
+            if self.policy.stored(db) < need and not victims:
                 return []  # evicting all would not do: refuse, keep what is stored
             victims += self.policy.choose(db, need)
         return victims

@@ -255,11 +255,13 @@ class PoolPolicy:
                          (*self.args, queue)).fetchall()
         return row[0] if row else None
 
-    def _capacity(self, db: sqlite3.Connection) -> int:
-        if self.capacity is not None:
-            return self.capacity
+    def stored(self, db: sqlite3.Connection) -> int:
+        """Bytes of the blocks stored in the scope."""
         return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
                               "state = 'S'", self.args).fetchall()[0][0])
+
+    def _capacity(self, db: sqlite3.Connection) -> int:
+        return self.capacity if self.capacity is not None else self.stored(db)
 
     def _target(self, db: sqlite3.Connection) -> int:
         """S's share: a tenth of the capacity, as S3Fifo's."""
