@@ -80,6 +80,8 @@ class TierConfig:
     workers: int = field(default=2, metadata=_tier_key("int"))
     #: Calls that must have named a key before traffic writes its block here.
     admit: int = field(default=1, metadata=_tier_key("int"))
+    #: Besides, the share of prompt lineages whose blocks are written here at first sight.
+    admit_sample: float = field(default=0.0, metadata=_tier_key("float"))
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()
@@ -382,7 +384,7 @@ class _Validator:
 
     def tier_keys(self, entry: Mapping[str, Any], path: str, first: bool) -> dict[str, Any]:
         """The keys every tier takes (:data:`TIER_KEYS`) that the entry sets, parsed."""
-        for below_only in ("write", "admit"):
+        for below_only in ("write", "admit", "admit_sample"):
             if first and entry.get(below_only) is not None:
                 with self.collect():
                     self.fail(f"{path}.{below_only}", f"'{below_only}' has no meaning on the "
@@ -413,6 +415,15 @@ class _Validator:
             if kw.get("admit", 1) < 1:
                 del kw["admit"]
                 self.fail(f"{path}.admit", "expected 1 (write every block) or more calls")
+        with self.collect():
+            share = kw.get("admit_sample", 0.0)
+            if not 0.0 <= share <= 1.0:
+                del kw["admit_sample"]
+                self.fail(f"{path}.admit_sample", f"expected a share from 0 to 1, got {share}")
+            elif share and not first and kw.get("admit", 1) < 2:
+                del kw["admit_sample"]
+                self.fail(f"{path}.admit_sample", "has no meaning with admit: 1 (every block "
+                          "is written); set admit: 2 or more")
         return kw
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:
