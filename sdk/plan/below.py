@@ -1,8 +1,9 @@
-"""A RAM tier over one tier below, replayed with the chain's admission (``admit: N``).
+"""A RAM tier over one tier below, replayed with the chain's admission (``admit``, and sample).
 
 Each request makes the calls an engine makes: a lookup of all its blocks,
 a get of the cached prefix, a put of the rest.  Each call is counted in the
-chain's own sketch (:class:`kvtier.chain.admission.Seen`).  A prefix block
+chain's own sketch (:class:`kvtier.chain.admission.Seen`), and its keys'
+lineages drawn as the chain draws them (:class:`~kvtier.chain.admission.Lineage`).  A prefix block
 found below is read from there and promoted into RAM; blocks RAM evicts go
 below (``write: back``) if admitted, or blocks RAM stores go below at once
 (``write: through``) if admitted.  The tier below evicts with
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.backends.eviction import Sized, new_policy
-from kvtier.chain.admission import Seen
+from kvtier.chain.admission import Lineage, Seen
 
 from .curves import BLOCK_SCALE
 from .trace import Trace
@@ -52,6 +53,13 @@ class BelowPoint:
     #: Writes below that no read used before the block left the tier (or the trace
     #: ended): what an admission rule could refuse without losing a hit below.
     never_read: int = 0
+    admit_sample: float = 0.0  # the share of lineages written at first sight besides
+
+    @property
+    def admission(self) -> str:
+        """The tier's admission as its YAML says it: ``3``, or ``3, sample 0.3``."""
+        sample = f", sample {self.admit_sample:g}" if self.admit_sample else ""
+        return f"{self.admit}{sample}"
 
     @property
     def never_read_share(self) -> float:
@@ -64,7 +72,7 @@ class BelowPoint:
 
 def replay_below(
     trace: Trace, eviction: str, ram: int, below: int, write: str = "back", admit: int = 1,
-    below_eviction: str = "lru",
+    below_eviction: str = "lru", admit_sample: float = 0.0,
 ) -> BelowPoint:
     """Replay ``trace`` through RAM (``eviction``, ``ram`` blocks) over a tier of ``below``."""
     if below_eviction not in BELOW_EVICTIONS:
@@ -73,6 +81,7 @@ def replay_below(
     top: Any = new_policy(eviction, ram * BLOCK_SCALE)
     low: Any = new_policy(below_eviction, below * BLOCK_SCALE)
     seen = Seen()
+    lineage = Lineage(seen) if admit_sample and admit > 1 else None
     evicted: list[Any] = []
     dropped: list[Any] = []  # what the tier below evicts
     read_below: dict[int, bool] = {}  # each block below: read since its write
@@ -81,7 +90,8 @@ def replay_below(
     def write_below(keys: list[int]) -> None:
         nonlocal written, never_read
         for key in keys:
-            if admit > 1 and seen.count(_key_bytes(key)) < admit:
+            if admit > 1 and seen.count(_key_bytes(key)) < admit and not (
+                    lineage is not None and lineage.sampled(_key_bytes(key), admit_sample)):
                 continue
             if low.access(key) is None:  # a key held below keeps its block: no write
                 low.admit(key, _PAYLOAD, dropped)
@@ -101,10 +111,15 @@ def replay_below(
             write_below([k for k, _ in evicted])
         evicted.clear()
 
+    def note(call: list[bytes]) -> None:  # as Chain._saw does
+        seen.note(call)
+        if lineage is not None:
+            lineage.note(call)
+
     for request in trace.requests:
         keys = list(request.keys)
         as_bytes = [_key_bytes(k) for k in keys]
-        seen.note(as_bytes)  # the lookup
+        note(as_bytes)  # the lookup
         prefix = 0
         for key in keys:
             if top.access(key) is not None:
@@ -117,11 +132,11 @@ def replay_below(
                 break
             prefix += 1
         if prefix:
-            seen.note(as_bytes[:prefix])  # the get
+            note(as_bytes[:prefix])  # the get
         if prefix < len(keys):
-            seen.note(as_bytes[prefix:])  # the put
+            note(as_bytes[prefix:])  # the put
             for key in keys[prefix:]:
                 store(key)
     never_read += sum(not read for read in read_below.values())
     return BelowPoint(ram, below, write, admit, trace.references, from_ram, from_below, written,
-                      below_eviction, never_read)
+                      below_eviction, never_read, admit_sample if lineage else 0.0)

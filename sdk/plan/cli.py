@@ -25,6 +25,30 @@ __all__ = ["plan_command", "record_events_command"]
 DEFAULT_BYTES_PER_TOKEN = 131072
 
 
+class Admission(click.ParamType[tuple[int, float]]):
+    """``N`` or ``N:SAMPLE``: a tier's ``admit`` and, optionally, its ``admit_sample``."""
+
+    name = "N[:SAMPLE]"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[int, float]:
+        if isinstance(value, tuple):
+            return value
+        count, _, share = str(value).partition(":")
+        try:
+            n, f = int(count), float(share) if share else 0.0
+        except ValueError:
+            self.fail(f"expected N or N:SAMPLE (admit: 3, admit_sample: 0.3 is 3:0.3), "
+                      f"got {value!r}", param, ctx)
+        if n < 1:
+            self.fail(f"admit is 1 (every block) or more calls, got {n}", param, ctx)
+        if not 0.0 <= f <= 1.0:
+            self.fail(f"the sample is a share from 0 to 1, got {f:g}", param, ctx)
+        if f and n < 2:
+            self.fail("a sample has no meaning with admit 1 (every block is written)", param, ctx)
+        return n, f
+
+
 def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
     if generated:
         kind, _, rest = generated.partition(":")
@@ -68,8 +92,9 @@ def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
                    "s3fifo). Repeat to compare both on the same rows; the recommended fs tier "
                    "gets eviction: s3fifo where its --below replays served more prefix hits "
                    "than lru's (default: lru, not named in the output).")
-@click.option("--admit", "admits", multiple=True, type=click.IntRange(min=1),
-              help="admit: N values to compare with --below (repeat; default: 1 and 3).")
+@click.option("--admit", "admits", multiple=True, type=Admission(),
+              help="admit: N values to compare with --below, each with an admit_sample as "
+                   "N:SAMPLE (repeat; default: 1 and 3).")
 @click.option("--write", type=click.Choice(["back", "through"]),
               help="How the tiers below RAM are written (default: back with --below, "
                    "through with --engines).")
@@ -90,7 +115,7 @@ def plan_command(
     trace: str | None, generated: str | None, save_trace: str | None, policies: tuple[str, ...],
     capacities: tuple[int, ...], ram: str | None, block_tokens: int, bytes_per_token: int,
     belady: bool, below: int | None, below_evictions: tuple[str, ...],
-    admits: tuple[int, ...], write: str | None, engines: int | None, router: str,
+    admits: tuple[tuple[int, float], ...], write: str | None, engines: int | None, router: str,
     balance: float, pools: tuple[int, ...], as_json: bool, chart: str | None,
 ) -> None:
     """Replay TRACE through kvtier's eviction policies at many capacities: what each byte buys.
@@ -124,10 +149,11 @@ def plan_command(
     plan = make_plan(loaded, policies or EVICTION_POLICIES, caps, block_bytes, belady, ram_blocks)
     seconds = time.perf_counter() - started
     policy = max(plan.curves, key=lambda name: sum(p.prefix_hits for p in plan.curves[name]))
-    rows = [replay_below(loaded, policy, cap, below, write, n, low)
-            for cap in plan.capacities for n in (admits or (1, 3))
+    rows = [replay_below(loaded, policy, cap, below, write, n, low, share)
+            for cap in plan.capacities for n, share in (admits or ((1, 0.0), (3, 0.0)))
             for low in (below_evictions or ("lru",))] if below else []
     plan.disk_eviction = _disk_eviction(rows)
+    plan.below = rows
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3),
                                "below": [_named({**asdict(r), "prefix_ratio": r.prefix_ratio,
@@ -207,7 +233,7 @@ def _print_below(rows: list[BelowPoint], policy: str, named: bool) -> None:
                    "never read below"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(f"{r.ram:,}", str(r.admit), *([r.below_eviction] if named else []),
+        table.add_row(f"{r.ram:,}", r.admission, *([r.below_eviction] if named else []),
                       f"{r.prefix_ratio:.1%}", f"{r.from_ram:,}", f"{r.from_below:,}",
                       f"{r.written_below:,}", f"{r.never_read:,} ({r.never_read_share:.0%})")
     console().print(table)

@@ -8,10 +8,11 @@ from typing import Any
 
 import yaml
 
+from .below import BelowPoint
 from .curves import Point, belady_hits, infinite_point, lru_curve, replay
 from .trace import Trace
 
-__all__ = ["Plan", "default_capacities", "describe", "make_plan", "recommend"]
+__all__ = ["Plan", "default_capacities", "describe", "disk_admission", "make_plan", "recommend"]
 
 #: The fs tier below RAM is sized to keep this share of the ceiling's prefix hits.
 DISK_SHARE = 0.95
@@ -31,6 +32,8 @@ class Plan:
     belady: list[int] = field(default_factory=list)  # block hits at each capacity
     ram_blocks: int | None = None  # the operator's RAM budget, in blocks of the trace
     disk_eviction: str = "lru"  # the fs tier's policy: s3fifo where its --below replays did better
+    #: The --below replays: RAM over a tier below, by admission (see disk_admission).
+    below: list[BelowPoint] = field(default_factory=list)
 
     def scale(self, capacity: int) -> int:
         """Blocks of the full traffic a capacity of the (sampled) trace stands for."""
@@ -98,13 +101,42 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
+#: The hit ratio, in points, that a recommended admission may cost against admit: 1.
+ADMISSION_POINTS = 1.0
+
+
+def disk_admission(rows: list[BelowPoint]) -> tuple[int, float, float, float] | None:
+    """Of the admissions replayed in ``rows`` (one RAM size), the one that writes least below
+    while it stays within :data:`ADMISSION_POINTS` of ``admit: 1``'s hit ratio over every
+    policy of the tier below replayed: ``(admit, admit_sample, share of writes saved, points
+    lost)`` (negative: gained); ``None`` where none writes less within them, or where
+    ``admit: 1`` was not replayed."""
+    every = {r.below_eviction: r for r in rows if r.admit == 1}
+    by_rule: dict[tuple[int, float], list[BelowPoint]] = {}
+    for r in rows:
+        if r.admit > 1 and r.below_eviction in every:
+            by_rule.setdefault((r.admit, r.admit_sample), []).append(r)
+    fits: list[tuple[int, int, float, float, float]] = []  # written first: the least wins
+    for (admit, share), mine in by_rule.items():
+        base = [every[r.below_eviction] for r in mine]
+        lost = max(100 * (b.prefix_ratio - r.prefix_ratio) for b, r in zip(base, mine))
+        written, before = sum(r.written_below for r in mine), sum(b.written_below for b in base)
+        if lost <= ADMISSION_POINTS and written < before:
+            fits.append((written, admit, share, 1 - written / before, lost))
+    if not fits:
+        return None
+    _, admit, share, saved, lost = min(fits)
+    return admit, share, saved, lost
+
+
 def recommend(plan: Plan) -> str:
     """A chain as YAML: RAM with the best policy, then an LRU fs tier near the ceiling.
 
     RAM is ``plan.ram_blocks`` (the operator's budget) or else the smallest capacity
     whose best policy keeps half the ceiling's prefix hits; the fs tier is the
     smallest capacity whose LRU keeps 95% of them (the fs tier evicts LRU by default;
-    it gets ``eviction: s3fifo`` where ``plan.disk_eviction`` says so).
+    it gets ``eviction: s3fifo`` where ``plan.disk_eviction`` says so, and the
+    admission :func:`disk_admission` finds in the --below replays at the RAM chosen).
     The chain's two tiers together are treated as one cache of the larger size.
     """
     ceiling = plan.ceiling.prefix_hits
@@ -128,6 +160,7 @@ def recommend(plan: Plan) -> str:
     }]
     note = f"# ram: {ram.prefix_ratio:.1%} of blocks served from RAM ({policy})"
     lru = plan.curves.get("lru")
+    admitted = ""
     disk = next((p for p in lru or [] if p.prefix_hits >= DISK_SHARE * ceiling), None)
     if disk is not None and disk.capacity > ram.capacity:
         tiers.append({"name": "disk", "backend": "fs", "url": "file:///var/cache/kvtier",
@@ -135,5 +168,14 @@ def recommend(plan: Plan) -> str:
                       **({"eviction": plan.disk_eviction} if plan.disk_eviction != "lru" else {}),
                       "write": "back"})
         note += f"; with disk: {disk.prefix_ratio:.1%}"
-    note += f"; ceiling {plan.ceiling.prefix_ratio:.1%}\n"
+        admission = disk_admission([r for r in plan.below if r.ram == ram.capacity])
+        if admission is not None:
+            admit, share, saved, lost = admission
+            tiers[-1]["admit"] = admit
+            if share:
+                tiers[-1]["admit_sample"] = share
+            cost = (f"for {lost:.2f} points" if lost > 0 else f"and {-lost:.2f} points more")
+            admitted = (f"# disk admission: {saved:.0%} fewer writes {cost} of hit ratio "
+                        "in the --below replays\n")
+    note += f"; ceiling {plan.ceiling.prefix_ratio:.1%}\n{admitted}"
     return note + yaml.safe_dump({"chain": tiers}, sort_keys=False)

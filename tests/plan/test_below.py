@@ -142,3 +142,22 @@ def test_s3fifo_below_keeps_blocks_a_scan_would_push_out_of_lru() -> None:
     assert s3fifo.from_below > lru.from_below and s3fifo.written_below < lru.written_below
     with pytest.raises(ValueError, match="lru or s3fifo, not 'fifo'"):
         replay_below(trace, "lru", 20, 150, "back", 1, "fifo")
+
+
+@pytest.mark.parametrize(("kind", "more_below"), [
+    ("sessions", True),  # turns that come back after RAM let them go: found below
+    ("documents", False),  # sampled one-off blocks push popular ones out of 400 blocks
+])
+def test_a_sample_of_lineages_writes_between_admit_alone_and_every_block(
+    kind: str, more_below: bool,
+) -> None:
+    trace = generate(kind, 1500, seed=3)
+    every = replay_below(trace, "lru", 40, 400, "back", 1)
+    alone = replay_below(trace, "lru", 40, 400, "back", 9)
+    assert replay_below(trace, "lru", 40, 400, "back", 9, "lru", 0.0) == alone
+    whole = replay_below(trace, "lru", 40, 400, "back", 9, "lru", 1.0)  # every lineage
+    assert (whole.from_below, whole.written_below) == (every.from_below, every.written_below)
+    half = replay_below(trace, "lru", 40, 400, "back", 9, "lru", 0.5)
+    assert alone.written_below < half.written_below < every.written_below
+    assert (half.from_below > alone.from_below) == more_below
+    assert half.admission == "9, sample 0.5"

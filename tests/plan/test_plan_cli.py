@@ -124,3 +124,52 @@ def test_below_eviction_rows_and_the_recommended_fs_tier() -> None:
     # s3fifo alone was not compared with lru: the fs tier keeps its default
     alone = json.loads(CliRunner().invoke(cli, [*args, "--below-eviction", "s3fifo"]).output)
     assert "eviction" not in yaml.safe_load(alone["recommended"])["chain"][1]
+
+
+def admission_plan(kind: str) -> dict[str, object]:
+    result = CliRunner().invoke(cli, [
+        "plan", "--generate", f"{kind}:4000:1", "--policy", "lru", "--no-belady", "--ram",
+        "16GiB", "--below", "800", "--admit", "1", "--admit", "3", "--admit", "9",
+        "--admit", "9:0.2", "--admit", "17", "--json"])
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.output))
+
+
+def test_the_recommended_fs_tier_admits_what_writes_least_within_a_point() -> None:
+    out = admission_plan("documents")
+    disk = yaml.safe_load(str(out["recommended"]))["chain"][1]
+    assert (disk["admit"], disk.get("admit_sample")) == (9, None)
+    rows = [r for r in out["below"] if r["ram"] == 256]  # 16GiB of 64MiB blocks
+    assert [(r["admit"], r["admit_sample"]) for r in rows] == [
+        (1, 0.0), (3, 0.0), (9, 0.0), (9, 0.2), (17, 0.0)]
+    every, *others = rows
+    within = [r for r in others if r["prefix_ratio"] >= every["prefix_ratio"] - 0.01]
+    chosen = min(within, key=lambda r: r["written_below"])
+    assert (chosen["admit"], chosen["admit_sample"]) == (9, 0.0)
+    # admit 17 writes less still, but costs more than a point: not chosen
+    assert rows[4]["written_below"] < chosen["written_below"]
+    assert rows[4]["prefix_ratio"] < every["prefix_ratio"] - 0.01
+    replayed = replay_below(generate("documents", 4000, seed=1), "lru", 256, 800, "back", 9,
+                            "lru", 0.2)
+    assert (replayed.written_below, replayed.admit_sample) == (
+        rows[3]["written_below"], 0.2)
+    from kvtier.config.loader import load_config
+
+    assert load_config({"chain": [yaml.safe_load(str(out["recommended"]))["chain"][0],
+                                  disk]}).tiers[1].admit == 9
+
+
+def test_no_admission_is_recommended_where_every_one_costs_more_than_a_point() -> None:
+    out = admission_plan("sessions")
+    assert "admit" not in yaml.safe_load(str(out["recommended"]))["chain"][1]
+    assert "disk admission" not in str(out["recommended"])
+
+
+def test_admit_values_are_checked() -> None:
+    for value, reason in [("0", "admit is 1 (every block) or more calls"),
+                          ("1:0.5", "a sample has no meaning with admit 1"),
+                          ("3:1.5", "the sample is a share from 0 to 1"),
+                          ("3:x", "expected N or N:SAMPLE")]:
+        result = CliRunner().invoke(cli, ["plan", "--generate", "prompts:50", "--below", "10",
+                                          "--admit", value])
+        assert result.exit_code == 2 and reason in result.output, result.output

@@ -24,6 +24,7 @@ def test_the_guides_chains_validate() -> None:
         loaded_all.append(loaded)
     assert any(c.record is not None for c in loaded_all)
     assert any(t.admit > 1 for c in loaded_all for t in c.tiers)
+    assert any(t.admit_sample > 0 for c in loaded_all for t in c.tiers)
 
 
 def test_every_option_the_guide_names_is_one_of_plan() -> None:
