@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-__all__ = ["Lineage", "Seen"]
+__all__ = ["Admission", "Lineage", "Seen"]
 
 _ROWS = 4
 _WIDTH_BITS = 16  # 65,536 counters a row: 256 KiB in all
@@ -134,3 +134,30 @@ class Lineage:
     def sampled(self, key: bytes, share: float) -> bool:
         """Whether ``key``'s lineage is among a share ``share`` of lineages (the same for all)."""
         return self.draw(key) < share * _DRAWS
+
+
+class Admission:
+    """What the tiers below the first let in: counts (``admit``) and lineages
+    (``admit_sample``), kept only where some tier asks for them."""
+
+    def __init__(self, admits: Sequence[int], samples: Sequence[float]) -> None:
+        self._admits, self._samples = list(admits), list(samples)
+        self._seen = Seen() if any(n > 1 for n in admits) else None
+        self._lineage = (Lineage(self._seen) if self._seen is not None
+                         and any(samples) else None)
+
+    def note(self, keys: Sequence[bytes]) -> None:
+        """A caller's call named ``keys``, in prompt order."""
+        if self._seen is not None:
+            self._seen.note(keys)
+            if self._lineage is not None:
+                self._lineage.note(keys)
+
+    def admitted(self, index: int, keys: Sequence[bytes]) -> list[bool]:
+        """Whether tier ``index`` lets in each of ``keys``."""
+        need, share = self._admits[index], self._samples[index]
+        if need <= 1 or self._seen is None:
+            return [True] * len(keys)
+        count, lineage = self._seen.count, self._lineage if share else None
+        return [count(key) >= need or (lineage is not None and lineage.sampled(key, share))
+                for key in keys]

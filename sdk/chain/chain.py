@@ -31,7 +31,6 @@ from typing import Any, Literal
 from kvtier.block import framing
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
-from kvtier.chain.admission import Lineage, Seen
 from kvtier.chain.arguments import byte_views, check_keys, writable
 from kvtier.chain.cost import LoadDecision
 from kvtier.chain.events import ChainListener, Listeners
@@ -99,12 +98,7 @@ class Chain:
                 tier.close()
             self._record.close()
             raise
-        # counts of calls per key, where a tier admits only blocks seen enough (admit: N)
-        self._seen = Seen() if any(t.admit > 1 for t in config.tiers) else None
-        # and the lineage of each, where a tier also writes a sample of lineages at first sight
-        self._lineage = (Lineage(self._seen) if self._seen is not None
-                         and any(t.admit_sample for t in config.tiers) else None)
-        self._traffic = Traffic(self.tiers, backlog_bytes, self._emit, self._seen, self._lineage)
+        self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
         self._load = LoadDecision(config.load, len(self.tiers), namespace.tokens_per_block)
         self._jobs = Jobs(job_workers)
         self._listeners = Listeners(self._load.block_s)  # see add_listener
@@ -127,10 +121,7 @@ class Chain:
     def _saw(self, op: str, keys: Sequence[bytes]) -> None:
         """A caller's call named ``keys``: recorded (record:), counted and traced (admit:)."""
         self._record(op, keys)
-        if self._seen is not None:
-            self._seen.note(keys)
-            if self._lineage is not None:
-                self._lineage.note(keys)
+        self._traffic.admission.note(keys)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -22,7 +22,7 @@ from typing import Literal
 
 from kvtier.block import framing
 from kvtier.block.framing import Checked, Codec, Header
-from kvtier.chain.admission import Lineage, Seen
+from kvtier.chain.admission import Admission
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.spec import BytesLike
@@ -75,13 +75,13 @@ class Traffic:
     """The asynchronous writes between the tiers of one chain."""
 
     def __init__(
-        self, tiers: Sequence[Tier], backlog_bytes: int, emit: Emit, seen: Seen | None = None,
-        lineage: Lineage | None = None,
+        self, tiers: Sequence[Tier], backlog_bytes: int, emit: Emit
     ) -> None:
         self.tiers = tiers
         self._emit = emit
-        self._seen = seen  # call counts per key, for tiers with admit > 1
-        self._lineage = lineage  # lineage draws per key, for tiers with admit_sample
+        # what the tiers below let in (admit, admit_sample): the chain notes each call here
+        self.admission = Admission([t.config.admit for t in tiers],
+                                   [t.config.admit_sample for t in tiers])
         self._writers = [
             ThreadPoolExecutor(t.config.workers, thread_name_prefix=f"kvtier-{t.name}")
             for t in self.tiers
@@ -137,17 +137,9 @@ class Traffic:
 
     def _admitted(self, index: int, keys: Sequence[bytes], offered: Iterable[int]) -> list[int]:
         """Of ``keys[j]`` for ``j`` in ``offered``, those tier ``index``'s ``admit`` lets in."""
-        config = self.tiers[index].config
-        need, share = config.admit, config.admit_sample
         offered = list(offered)
-        if need <= 1 or self._seen is None:
-            return offered
-        count = self._seen.count
-        if share and self._lineage is not None:
-            sampled = self._lineage.sampled
-            kept = [j for j in offered if count(keys[j]) >= need or sampled(keys[j], share)]
-        else:
-            kept = [j for j in offered if count(keys[j]) >= need]
+        flags = self.admission.admitted(index, [keys[j] for j in offered])
+        kept = [j for j, flag in zip(offered, flags) if flag]
         if len(kept) < len(offered):
             self.tiers[index].stats.add(not_admitted=len(offered) - len(kept))
         return kept

@@ -1,9 +1,9 @@
 """A RAM tier over one tier below, replayed with the chain's admission (``admit``, and sample).
 
 Each request makes the calls an engine makes: a lookup of all its blocks,
-a get of the cached prefix, a put of the rest.  Each call is counted in the
-chain's own sketch (:class:`kvtier.chain.admission.Seen`), and its keys'
-lineages drawn as the chain draws them (:class:`~kvtier.chain.admission.Lineage`).  A prefix block
+a get of the cached prefix, a put of the rest.  Each call is noted in the
+chain's own admission (:class:`kvtier.chain.admission.Admission`: its sketch
+of counts, and its keys' lineages where a sample is asked for).  A prefix block
 found below is read from there and promoted into RAM; blocks RAM evicts go
 below (``write: back``) if admitted, or blocks RAM stores go below at once
 (``write: through``) if admitted.  The tier below evicts with
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.backends.eviction import Sized, new_policy
-from kvtier.chain.admission import Lineage, Seen
+from kvtier.chain.admission import Admission
 
 from .curves import BLOCK_SCALE
 from .trace import Trace
@@ -80,8 +80,7 @@ def replay_below(
                          f"not {below_eviction!r}")
     top: Any = new_policy(eviction, ram * BLOCK_SCALE)
     low: Any = new_policy(below_eviction, below * BLOCK_SCALE)
-    seen = Seen()
-    lineage = Lineage(seen) if admit_sample and admit > 1 else None
+    admission = Admission([1, admit], [0.0, admit_sample if admit > 1 else 0.0])  # the chain's
     evicted: list[Any] = []
     dropped: list[Any] = []  # what the tier below evicts
     read_below: dict[int, bool] = {}  # each block below: read since its write
@@ -90,8 +89,7 @@ def replay_below(
     def write_below(keys: list[int]) -> None:
         nonlocal written, never_read
         for key in keys:
-            if admit > 1 and seen.count(_key_bytes(key)) < admit and not (
-                    lineage is not None and lineage.sampled(_key_bytes(key), admit_sample)):
+            if admit > 1 and not admission.admitted(1, [_key_bytes(key)])[0]:
                 continue
             if low.access(key) is None:  # a key held below keeps its block: no write
                 low.admit(key, _PAYLOAD, dropped)
@@ -111,15 +109,10 @@ def replay_below(
             write_below([k for k, _ in evicted])
         evicted.clear()
 
-    def note(call: list[bytes]) -> None:  # as Chain._saw does
-        seen.note(call)
-        if lineage is not None:
-            lineage.note(call)
-
     for request in trace.requests:
         keys = list(request.keys)
         as_bytes = [_key_bytes(k) for k in keys]
-        note(as_bytes)  # the lookup
+        admission.note(as_bytes)  # the lookup
         prefix = 0
         for key in keys:
             if top.access(key) is not None:
@@ -132,11 +125,11 @@ def replay_below(
                 break
             prefix += 1
         if prefix:
-            note(as_bytes[:prefix])  # the get
+            admission.note(as_bytes[:prefix])  # the get
         if prefix < len(keys):
-            note(as_bytes[prefix:])  # the put
+            admission.note(as_bytes[prefix:])  # the put
             for key in keys[prefix:]:
                 store(key)
     never_read += sum(not read for read in read_below.values())
     return BelowPoint(ram, below, write, admit, trace.references, from_ram, from_below, written,
-                      below_eviction, never_read, admit_sample if lineage else 0.0)
+                      below_eviction, never_read, admit_sample if admit > 1 else 0.0)
