@@ -271,17 +271,23 @@ def _fleet(
         table = Table(title=f"each engine: RAM {head.ram * scale:,.0f} blocks ({head.eviction})"
                             f", local {head.local * scale:,.0f}{lows}; by shared pool{lows}")
         for column in ("pool blocks", "pool bytes", "prefix hit ratio", "from RAM",
-                       "from local", "from pool", "tokens saved", "written local",
-                       "written pool"):
+                       "from local", "from pool", "tokens saved", "written local (never read)",
+                       "written pool (never read)"):
             table.add_column(column, justify="right")
         for p in rows:
             t = p.total
             table.add_row(f"{p.pool * scale:,.0f}", _gib(round(p.pool * scale) * block_bytes),
                           f"{t.prefix_ratio:.1%}", f"{t.from_ram:,}", f"{t.from_local:,}",
-                          f"{t.from_pool:,}", f"{t.prefix_tokens:,}", f"{t.written_local:,}",
-                          f"{t.written_pool:,}")
+                          f"{t.from_pool:,}", f"{t.prefix_tokens:,}",
+                          _unread(t.written_local, t.never_read_local),
+                          _unread(t.written_pool, t.never_read_pool))
         out.print(table)
         _print_engines(rows[-1], scale)
+
+
+def _unread(written: int, never_read: int) -> str:
+    """Writes below, with the share of them no read used: ``1,234 (72%)``."""
+    return f"{written:,} ({never_read / written:.0%})" if written else "0"
 
 
 def _print_engines(point: FleetPoint, scale: float) -> None:

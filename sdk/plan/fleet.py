@@ -66,6 +66,10 @@ class EngineServed:
     prefix_tokens: int  # prompt tokens in its cached prefixes: prefill saved
     written_local: int  # blocks written into its local tier
     written_pool: int  # blocks it wrote into the shared pool
+    #: Of those writes, the ones no read used before the block left the tier (or the
+    #: trace ended): what an admission rule could refuse without losing a hit there.
+    never_read_local: int = 0
+    never_read_pool: int = 0  # of its writes to the pool, read by no engine
 
     @property
     def prefix_hits(self) -> int:
@@ -123,8 +127,9 @@ class _Engine:
         self.tiers = tiers
         self.roles = roles  # _RAM, _LOCAL or _POOL, per tier
         self.own = [t.peek for t, role in zip(tiers, roles, strict=True) if role != _POOL]
-        # requests, references, from ram/local/pool, tokens, written local/pool
-        self.counts = [0] * 8
+        # requests, references, from ram/local/pool, tokens, written local/pool,
+        # never read local/pool
+        self.counts = [0] * 10
 
     def holds(self, key: int) -> bool:
         """Whether its own tiers hold ``key`` (not a use: nothing moves)."""
@@ -179,6 +184,16 @@ def replay_fleet(
             roles.append(_POOL)
         fleet.append(_Engine(len(fleet), tiers, roles))
     back = write == "back"
+    # per block held by a local tier or the pool: the engine that wrote it, and whether
+    # a read used it since (keyed by the tier: the pool's is one for every engine)
+    unread: dict[int, dict[int, tuple[_Engine, bool]]] = {}
+
+    def gone(tier: Any, victims: list[Any], role: int) -> None:
+        held = unread.setdefault(id(tier), {})
+        for victim, _ in victims:
+            writer, read = held.pop(victim)
+            if not read:
+                writer.counts[7 + role] += 1  # never read local (8) or pool (9)
 
     def store(engine: _Engine, i: int, key: int, promoted: bool, absent: bool = False) -> None:
         tiers = engine.tiers
@@ -190,6 +205,8 @@ def replay_fleet(
         tiers[i].admit(key, _PAYLOAD, victims)
         if i:
             engine.counts[5 + engine.roles[i]] += 1  # written local (6) or pool (7)
+            gone(tiers[i], victims, engine.roles[i])
+            unread.setdefault(id(tiers[i]), {})[key] = (engine, False)
         if i + 1 < len(tiers):
             if back:
                 for victim, _ in victims:
@@ -212,11 +229,17 @@ def replay_fleet(
                 break
             counts[2 + roles[i]] += 1
             counts[5] += weight
+            if i:
+                unread[id(tiers[i])][key] = (unread[id(tiers[i])][key][0], True)
             for above in range(i):  # promoted into every tier above, as the chain does
                 store(engine, above, key, True, True)
             prefix += 1
         for j in range(prefix, len(keys)):
             store(engine, 0, keys[j], False, j == prefix)
+    for engine in fleet:  # what each tier below RAM still holds unread at the end
+        for tier, role in zip(engine.tiers[1:], engine.roles[1:], strict=True):
+            for writer, read in unread.pop(id(tier), {}).values():
+                writer.counts[7 + role] += not read
     served = tuple(EngineServed(*e.counts) for e in fleet)
     return FleetPoint(engines, router, eviction, ram, local, pool, write, balance, served,
                       below_eviction)

@@ -138,6 +138,26 @@ def test_one_engine_over_a_local_tier_or_a_pool_is_plans_below(write: str) -> No
         below.from_ram, below.from_below, below.written_below)
     assert (pool.from_ram, pool.from_pool, pool.written_pool) == (
         below.from_ram, below.from_below, below.written_below)
+    sessions = generate("sessions", 400, seed=4)  # some writes read back, most not
+    below = replay_below(sessions, "lru", 20, 150, write, 1)
+    local = replay_fleet(sessions, 1, "round-robin", "lru", 20, local=150, write=write).total
+    pool = replay_fleet(sessions, 1, "sticky", "lru", 20, pool=150, write=write).total
+    assert 0 < below.never_read < below.written_below
+    assert local.never_read_local == pool.never_read_pool == below.never_read
+
+
+def test_a_pool_write_read_by_another_engine_was_read() -> None:
+    # engine 0 writes 1 and 3 to the pool, engine 1 writes 2; engine 1 then reads 1 there
+    point = replay_fleet(trace_of((1,), (2,), (3,), (1,)), 2, "round-robin", "lru", 1,
+                         pool=10, write="through")
+    first, second = point.per_engine
+    assert (first.written_pool, first.never_read_pool) == (2, 1)  # 1 was read, 3 not
+    assert (second.from_pool, second.written_pool, second.never_read_pool) == (1, 1, 1)
+    # a pool of one block: 2 pushes 1 out unread, 3 pushes 2 out; engine 1 misses 1 and
+    # writes it again, pushing 3 out, and it is still unread at the end
+    point = replay_fleet(trace_of((1,), (2,), (3,), (1,)), 2, "round-robin", "lru", 1,
+                         pool=1, write="through")
+    assert [(e.written_pool, e.never_read_pool) for e in point.per_engine] == [(2, 2), (2, 2)]
 
 
 def test_round_robin_serves_a_second_engine_from_the_pool() -> None:
