@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from kvtier.spec.base import Evicted
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from .adaptive import Adaptive
 
 __all__ = ["EVICTION_POLICIES", "FIXED_POLICIES", "Accounting", "Arc", "Lru", "Policy", "S3Fifo",
-           "Sized", "new_policy"]
+           "Sized", "new_policy", "stand_in"]
 
 EVICTION_POLICIES = ("lru", "arc", "s3fifo", "adaptive")
 
@@ -429,6 +429,12 @@ class Sized:
 
     def __len__(self) -> int:
         return self.n
+
+
+def stand_in(size: int) -> bytes:
+    """A payload of ``size`` bytes that is its length only, typed as the policies' payloads:
+    a tier that keeps its blocks elsewhere (on disk, in a bucket) accounts them with it."""
+    return cast(bytes, Sized(size))
 
 
 #: The fixed policies, by name; ``adaptive`` (:mod:`.adaptive`) chooses among them.

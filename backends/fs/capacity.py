@@ -3,10 +3,11 @@
 :class:`Ledger` keeps the index (key -> stored size, least recently used
 first), the bytes it adds up to, the room reserved for writes in flight and
 the keys whose files are being deleted.  With ``eviction: s3fifo`` an
-:class:`~kvtier.backends.eviction.S3Fifo` accounting object, fed ``Sized``
-stand-ins, holds the order instead and names the victims.  It does no I/O: the backend
-(:mod:`kvtier.backends.fs`) calls it with its lock held, which is never held
-during I/O, and does the reads, writes and deletes it decides.
+:class:`~kvtier.backends.eviction.S3Fifo` accounting object, fed size-only
+stand-ins (``stand_in``), holds the order instead and names the victims.  It
+does no I/O: the backend (:mod:`kvtier.backends.fs`) calls it with its lock
+held, which is never held during I/O, and does the reads, writes and deletes
+it decides.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from kvtier.spec import first_positions
 from kvtier.spec.base import Evicted
 
-from ..eviction import S3Fifo, Sized
+from ..eviction import S3Fifo, stand_in
 
 __all__ = ["Ledger", "Victim"]
 
@@ -89,7 +90,7 @@ class Ledger:
         :meth:`plan`, and a block found on disk over the capacity is evicted by the
         next put, as under LRU."""
         assert self.policy is not None
-        self.policy.enter(key, Sized(size))  # type: ignore[arg-type]
+        self.policy.enter(key, stand_in(size))
 
     def _drop(self, key: bytes) -> None:
         size = self.index.pop(key, None)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias
 
-from ..eviction import S3Fifo, Sized
+from ..eviction import S3Fifo, stand_in
 
 __all__ = ["CACHE_MAX", "INDEXES", "Index", "KeyIndex", "PresenceCache", "S3FifoIndex"]
 
@@ -161,7 +161,7 @@ class S3FifoIndex:
     def _enter(self, key: bytes, size: int, mtime: float) -> None:
         # no room made first: the LIST says the object is there, and trim decides
         # what leaves, as after a put
-        self._policy.enter(key, _stand_in(size))
+        self._policy.enter(key, stand_in(size))
         self._mtimes[key] = mtime
 
     def __len__(self) -> int:
@@ -177,7 +177,7 @@ class S3FifoIndex:
             return
         victims = self._victims
         first = len(victims)
-        self._policy.admit(key, _stand_in(size), victims)
+        self._policy.admit(key, stand_in(size), victims)
         for gone, _ in victims[first:]:
             del self._mtimes[gone]
         self._mtimes[key] = mtime
@@ -201,11 +201,6 @@ class S3FifoIndex:
         dropped = [key for key, _ in victims]
         victims.clear()
         return dropped
-
-
-def _stand_in(size: int) -> bytes:
-    """A payload of ``size`` bytes that is its length only: the policy reads nothing else."""
-    return cast(bytes, Sized(size))
 
 
 Index: TypeAlias = "KeyIndex | S3FifoIndex"
