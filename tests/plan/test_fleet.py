@@ -254,15 +254,18 @@ def test_the_guides_fleet_table_is_what_the_fleet_replays() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "sizing.md").read_text()
     section = text[text.index("## Fleets"):]
     rows = re.findall(r"^ +([\d,]+) +[\d.]+ GiB +([\d.]+)% +([\d,]+) +([\d,]+) +([\d,]+) +"
-                      r"([\d,]+) +([\d,]+) +([\d,]+)$", section, flags=re.M)
+                      r"([\d,]+) +([\d,]+) \((\d+)%\) +([\d,]+)(?: \((\d+)%\))?$", section,
+                      flags=re.M)
     assert len(rows) == 3
     trace = generate("sessions", 5000, seed=1)
     for row in rows:
-        pool, ratio, *counts = (float(v.replace(",", "")) for v in row)
+        pool, ratio, *counts = (float(v.replace(",", "") or 0) for v in row)
         t = replay_fleet(trace, 4, "round-robin", "lru", 100, 1000, int(pool), "through").total
         assert f"{t.prefix_ratio:.1%}" == f"{ratio}%"
+        unread_local = round(100 * t.never_read_local / t.written_local)
+        unread_pool = round(100 * t.never_read_pool / t.written_pool) if t.written_pool else 0
         assert [t.from_ram, t.from_local, t.from_pool, t.prefix_tokens, t.written_local,
-                t.written_pool] == counts
+                unread_local, t.written_pool, unread_pool] == counts
 
 
 @pytest.mark.parametrize("write", ["through", "back"])
