@@ -109,10 +109,13 @@ def replay_below(
             write_below([k for k, _ in evicted])
         evicted.clear()
 
+    lookup = top.holds if eviction == "adaptive" else None  # adaptive learns where requests begin
     for request in trace.requests:
         keys = list(request.keys)
         as_bytes = [_key_bytes(k) for k in keys]
         admission.note(as_bytes)  # the lookup
+        if lookup is not None:
+            lookup(keys)
         prefix = 0
         for key in keys:
             if top.access(key) is not None:

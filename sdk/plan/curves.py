@@ -172,8 +172,11 @@ def replay(trace: Trace, eviction: str, capacity: int) -> Point:
     access, admit = policy.access, policy.admit
     evicted: list[Any] = []
     prefix = tokens = block_hits = puts = 0
+    lookup = policy.holds if eviction == "adaptive" else None  # as an engine asks first
     for request in trace.requests:
         leading = True
+        if lookup is not None:
+            lookup(request.keys)
         for key, weight in zip(request.keys, request.tokens, strict=True):
             if access(key) is not None:
                 block_hits += 1

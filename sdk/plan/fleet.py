@@ -218,6 +218,8 @@ def replay_fleet(
         engine = _route(router, fleet, r, request, balance)
         tiers, roles, counts = engine.tiers, engine.roles, engine.counts
         keys = request.keys
+        if eviction == "adaptive":  # the lookup: adaptive learns where requests begin
+            tiers[0].holds(keys)
         counts[0] += 1
         counts[1] += len(keys)
         prefix = 0
