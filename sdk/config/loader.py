@@ -43,7 +43,7 @@ __all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe"
            "validate_config"]
 
 _TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS, *RECORD_KEYS)
-_METRICS_KEYS = ("prometheus_port", "log_interval")
+_METRICS_KEYS = ("prometheus_port", "prometheus_host", "log_interval")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -102,6 +102,8 @@ _TIER_DEFAULTS = MappingProxyType({f.name: f.default for f in _TIER_FIELDS})
 class MetricsConfig:
     prometheus_port: int | None = None
     log_interval: float | None = None
+    #: The address the Prometheus endpoint listens on: this host only unless told otherwise.
+    prometheus_host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -320,7 +322,14 @@ class _Validator:
             interval = self.scalar(entry.get("log_interval"), "metrics.log_interval", "duration")
             if interval is not None and interval <= 0:
                 self.fail("metrics.log_interval", "must be longer than 0s")
-        return MetricsConfig(port, interval)
+        host = MetricsConfig.prometheus_host
+        with self.collect():
+            given = self.scalar(entry.get("prometheus_host"), "metrics.prometheus_host", "str")
+            if given is not None and not given.strip():
+                self.fail("metrics.prometheus_host", "expected an address such as 127.0.0.1 "
+                          "or 0.0.0.0 (every interface), got an empty string")
+            host = given or host
+        return MetricsConfig(port, interval, host)
 
     def tier(self, value: Any, path: str, *, first: bool,
              seen: dict[str, str]) -> TierConfig | None:

@@ -4,10 +4,11 @@ Both are switched on from the chain's YAML::
 
     metrics:
       prometheus_port: 9464   # needs `pip install 'kvtier[metrics]'`
+      prometheus_host: 0.0.0.0  # default 127.0.0.1: scraped from this host only
       log_interval: 30s
 
-Every open chain with the same port is exported by one HTTP server, labelled
-by namespace and tier.  The figures are read from :meth:`Chain.stats` at
+Every open chain with the same address and port is exported by one HTTP
+server, labelled by namespace and tier.  The figures are read from :meth:`Chain.stats` at
 scrape time, so the data path pays nothing for them.  A tier whose backend
 reports online sizing (``sizing_hit_ratio_<m>x``) also has the gauge
 ``kvtier_tier_sizing_hit_ratio`` with a ``scale`` label (``0.5x``, ``1x``,
@@ -57,14 +58,14 @@ COUNTERS = (
 #: Backend stats of online sizing, one per scale: ``sizing_hit_ratio_0.5x`` ...
 _SIZING = "sizing_hit_ratio_"
 
-_exporters: dict[int, _Exporter] = {}
+_exporters: dict[tuple[str, int], _Exporter] = {}  # by address and port
 _exporters_lock = threading.Lock()
 
 
 class _Exporter:
     """One HTTP server per port, collecting from every chain registered on it."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, host: str, port: int) -> None:
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError as exc:
@@ -75,7 +76,7 @@ class _Exporter:
         self.chains: weakref.WeakSet[Chain] = weakref.WeakSet()
         self.registry = CollectorRegistry()
         self.registry.register(self)
-        self.server, self.thread = start_http_server(port, registry=self.registry)
+        self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -163,12 +164,13 @@ class MetricsReporter:
     def __init__(self, chain: Chain, config: MetricsConfig) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._port = config.prometheus_port
-        if self._port is not None:
+        port = config.prometheus_port
+        self._where = None if port is None else (config.prometheus_host, port)
+        if self._where is not None:
             with _exporters_lock:
-                exporter = _exporters.get(self._port)
+                exporter = _exporters.get(self._where)
                 if exporter is None:
-                    exporter = _exporters[self._port] = _Exporter(self._port)
+                    exporter = _exporters[self._where] = _Exporter(*self._where)
                 exporter.chains.add(chain)
         if config.log_interval:
             chain_ref = weakref.ref(chain)
@@ -186,8 +188,8 @@ class MetricsReporter:
 
     def stop(self, chain: Chain) -> None:
         self._stop.set()
-        if self._port is not None:
+        if self._where is not None:
             with _exporters_lock:
-                exporter = _exporters.get(self._port)
+                exporter = _exporters.get(self._where)
                 if exporter is not None:
                     exporter.chains.discard(chain)

@@ -69,6 +69,8 @@ def test_unknown_top_level_key(tmp_path: Path, registry: BackendRegistry) -> Non
          "expected an integer, got '80'"),
         (EXAMPLE + "metrics:\n  log_interval: soon\n", 13, "metrics.log_interval",
          "expected a duration such as 250ms"),
+        (EXAMPLE + "metrics:\n  prometheus_host: ''\n", 13, "metrics.prometheus_host",
+         "expected an address such as 127.0.0.1 or 0.0.0.0"),
     ],
 )
 def test_top_level_errors(tmp_path: Path, registry: BackendRegistry, text: str, line: int,

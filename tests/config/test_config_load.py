@@ -82,6 +82,7 @@ def test_all_tier_keys_and_metrics(tmp_path: Path, registry: BackendRegistry) ->
             headers: {X-A: "1"}
         metrics:
           prometheus_port: 9400
+          prometheus_host: 0.0.0.0
           log_interval: 1m
         """)
     cfg = load_config(path, registry=registry)
@@ -92,7 +93,8 @@ def test_all_tier_keys_and_metrics(tmp_path: Path, registry: BackendRegistry) ->
     assert isinstance(b.options["ratio"], float)
     assert b.options["sync"] is True
     assert b.options["paths"] == ["a", "b"] and b.options["headers"] == {"X-A": "1"}
-    assert cfg.metrics == MetricsConfig(prometheus_port=9400, log_interval=60.0)
+    assert cfg.metrics == MetricsConfig(prometheus_port=9400, log_interval=60.0,
+                                        prometheus_host="0.0.0.0")
     assert {"name", "backend", "codec", "write", "workers", "shuffle"} <= TIER_KEYS
 
 

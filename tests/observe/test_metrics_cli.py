@@ -43,6 +43,23 @@ def test_prometheus_endpoint_exports_tier_counters() -> None:
     assert ns not in text
 
 
+def test_prometheus_endpoint_listens_on_this_host_only_unless_told() -> None:
+    from kvtier.observe.metrics import _exporters
+
+    port = free_port()
+    cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}],
+           "metrics": {"prometheus_port": port}}
+    with open_chain(cfg, namespace="metrics-host-test"):
+        assert _exporters[("127.0.0.1", port)].server.server_address[:2] == ("127.0.0.1", port)
+    other = free_port()
+    cfg["metrics"] = {"prometheus_port": other, "prometheus_host": "127.0.0.2"}
+    with open_chain(cfg, namespace="metrics-host-test"):
+        server = _exporters[("127.0.0.2", other)].server
+        assert server.server_address[:2] == ("127.0.0.2", other)
+        body = urllib.request.urlopen(f"http://127.0.0.2:{other}/metrics", timeout=10).read()
+        assert b"kvtier_tier_hits_total" in body
+
+
 def test_prometheus_endpoint_exports_online_sizing_per_scale() -> None:
     """Each tier's sizing_hit_ratio_<m>x is a gauge labelled by scale, the stats' own value."""
     port = free_port()
