@@ -153,11 +153,16 @@ class Admission:
             if self._lineage is not None:
                 self._lineage.note(keys)
 
-    def admitted(self, index: int, keys: Sequence[bytes]) -> list[bool]:
-        """Whether tier ``index`` lets in each of ``keys``."""
+    def admitted(self, index: int, keys: Sequence[bytes]) -> tuple[list[bool], int]:
+        """Whether tier ``index`` lets in each of ``keys``, and how many of them only
+        because their lineage is sampled."""
         need, share = self._admits[index], self._samples[index]
         if need <= 1 or self._seen is None:
-            return [True] * len(keys)
+            return [True] * len(keys), 0
         count, lineage = self._seen.count, self._lineage if share else None
-        return [count(key) >= need or (lineage is not None and lineage.sampled(key, share))
-                for key in keys]
+        counted = [count(key) >= need for key in keys]
+        if lineage is None:
+            return counted, 0
+        sampled = [not known and lineage.sampled(key, share)
+                   for key, known in zip(keys, counted, strict=True)]
+        return [a or b for a, b in zip(counted, sampled, strict=True)], sum(sampled)

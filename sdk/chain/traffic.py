@@ -138,10 +138,11 @@ class Traffic:
     def _admitted(self, index: int, keys: Sequence[bytes], offered: Iterable[int]) -> list[int]:
         """Of ``keys[j]`` for ``j`` in ``offered``, those tier ``index``'s ``admit`` lets in."""
         offered = list(offered)
-        flags = self.admission.admitted(index, [keys[j] for j in offered])
+        flags, by_sample = self.admission.admitted(index, [keys[j] for j in offered])
         kept = [j for j, flag in zip(offered, flags) if flag]
-        if len(kept) < len(offered):
-            self.tiers[index].stats.add(not_admitted=len(offered) - len(kept))
+        if len(kept) < len(offered) or by_sample:
+            self.tiers[index].stats.add(not_admitted=len(offered) - len(kept),
+                                        sample_admitted=by_sample)
         return kept
 
     def evicted_sink(self, index: int) -> Evicted:

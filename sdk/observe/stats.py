@@ -76,6 +76,7 @@ class TierStats:
     promoted: int = 0  # blocks copied here from a tier below on a hit
     dropped: int = 0  # asynchronous writes abandoned (tier unhealthy)
     not_admitted: int = 0  # blocks not written here: their keys seen fewer times than admit
+    sample_admitted: int = 0  # blocks written here by admit_sample alone: seen too few times
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     latency: dict[str, LatencyHistogram] = field(default_factory=dict, repr=False)
 

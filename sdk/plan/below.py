@@ -89,7 +89,7 @@ def replay_below(
     def write_below(keys: list[int]) -> None:
         nonlocal written, never_read
         for key in keys:
-            if admit > 1 and not admission.admitted(1, [_key_bytes(key)])[0]:
+            if admit > 1 and not admission.admitted(1, [_key_bytes(key)])[0][0]:
                 continue
             if low.access(key) is None:  # a key held below keeps its block: no write
                 low.admit(key, _PAYLOAD, dropped)

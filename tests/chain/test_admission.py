@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import socket
+import urllib.request
 import uuid
 
 import pytest
@@ -121,7 +123,11 @@ def test_a_key_that_lost_its_slot_is_drawn_afresh() -> None:
 def test_a_sampled_share_of_conversations_is_written_at_first_sight(write: str) -> None:
     seen = Seen()
     mirror = Lineage(seen)  # fed the chain's calls: the plan's replay draws the same way
-    with open_chain(chain_config(write, 3, admit_sample=0.5), namespace=NS) as chain:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    config = {**chain_config(write, 3, admit_sample=0.5), "metrics": {"prometheus_port": port}}
+    with open_chain(config, namespace=NS) as chain:
         def call(op: str, keys: list[bytes]) -> None:
             seen.note(keys)
             mirror.note(keys)
@@ -154,6 +160,16 @@ def test_a_sampled_share_of_conversations_is_written_at_first_sight(write: str) 
                 assert disk.get_payloads(blocks) == [payload(k) for k in blocks]
         assert 10 <= len(kept) <= 30, kept
         assert disk.stats.not_admitted >= 4 * (40 - len(kept)) - 8  # the last in RAM aside
+        # every block of a kept conversation was named by one request: in by the sample
+        # alone; so may be the system prompt at its first write, and the three pushers
+        by_sample = disk.stats.sample_admitted
+        assert 4 * len(kept) <= by_sample <= 4 * len(kept) + 6
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        labels = f'backend="fs",namespace="{NS.hex}",tier="disk"'
+        assert f"kvtier_tier_sample_admitted_blocks_total{{{labels}}} {by_sample}.0" in (
+            text.decode())
+        assert (f"kvtier_tier_not_admitted_blocks_total{{{labels}}} "
+                f"{disk.stats.not_admitted}.0") in text.decode()
 
 
 @pytest.mark.parametrize(("entry", "below", "key", "reason"), [
