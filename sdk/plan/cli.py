@@ -152,7 +152,6 @@ def plan_command(
     rows = [replay_below(loaded, policy, cap, below, write, n, low, share)
             for cap in plan.capacities for n, share in (admits or ((1, 0.0), (3, 0.0)))
             for low in (below_evictions or ("lru",))] if below else []
-    plan.disk_eviction = _disk_eviction(rows)
     plan.below = rows
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3),
@@ -166,15 +165,6 @@ def plan_command(
     if chart:
         why = write_chart(plan, chart)
         click.echo(why or f"chart: {chart}", err=bool(why))
-
-
-def _disk_eviction(rows: list[BelowPoint]) -> str:
-    """s3fifo where both policies were replayed below and s3fifo's rows served more."""
-    served = dict.fromkeys(BELOW_EVICTIONS, 0)
-    for r in rows:
-        served[r.below_eviction] += r.from_ram + r.from_below
-    compared = {r.below_eviction for r in rows} == set(BELOW_EVICTIONS)
-    return "s3fifo" if compared and served["s3fifo"] > served["lru"] else "lru"
 
 
 def _named(row: dict[str, object], below_evictions: tuple[str, ...]) -> dict[str, object]:

@@ -8,11 +8,12 @@ from typing import Any
 
 import yaml
 
-from .below import BelowPoint
+from .below import BELOW_EVICTIONS, BelowPoint
 from .curves import Point, belady_hits, infinite_point, lru_curve, replay
 from .trace import Trace
 
-__all__ = ["Plan", "default_capacities", "describe", "disk_admission", "make_plan", "recommend"]
+__all__ = ["Plan", "default_capacities", "describe", "disk_admission", "disk_eviction",
+           "make_plan", "recommend"]
 
 #: The fs tier below RAM is sized to keep this share of the ceiling's prefix hits.
 DISK_SHARE = 0.95
@@ -31,8 +32,8 @@ class Plan:
     curves: dict[str, list[Point]]
     belady: list[int] = field(default_factory=list)  # block hits at each capacity
     ram_blocks: int | None = None  # the operator's RAM budget, in blocks of the trace
-    disk_eviction: str = "lru"  # the fs tier's policy: s3fifo where its --below replays did better
-    #: The --below replays: RAM over a tier below, by admission (see disk_admission).
+    #: The --below replays: RAM over a tier below, by admission and by the tier below's
+    #: policy (see disk_eviction and disk_admission).
     below: list[BelowPoint] = field(default_factory=list)
 
     def scale(self, capacity: int) -> int:
@@ -101,6 +102,15 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
+def disk_eviction(rows: list[BelowPoint]) -> str:
+    """s3fifo where both policies were replayed below and s3fifo's rows served more."""
+    served = dict.fromkeys(BELOW_EVICTIONS, 0)
+    for r in rows:
+        served[r.below_eviction] += r.from_ram + r.from_below
+    compared = {r.below_eviction for r in rows} == set(BELOW_EVICTIONS)
+    return "s3fifo" if compared and served["s3fifo"] > served["lru"] else "lru"
+
+
 #: The hit ratio, in points, that a recommended admission may cost against admit: 1.
 ADMISSION_POINTS = 1.0
 
@@ -135,8 +145,8 @@ def recommend(plan: Plan) -> str:
     RAM is ``plan.ram_blocks`` (the operator's budget) or else the smallest capacity
     whose best policy keeps half the ceiling's prefix hits; the fs tier is the
     smallest capacity whose LRU keeps 95% of them (the fs tier evicts LRU by default;
-    it gets ``eviction: s3fifo`` where ``plan.disk_eviction`` says so, and the
-    admission :func:`disk_admission` finds in the --below replays at the RAM chosen).
+    it gets ``eviction: s3fifo`` where :func:`disk_eviction` says so of the --below
+    replays, and the admission :func:`disk_admission` finds in them at the RAM chosen).
     The chain's two tiers together are treated as one cache of the larger size.
     """
     ceiling = plan.ceiling.prefix_hits
@@ -163,9 +173,10 @@ def recommend(plan: Plan) -> str:
     admitted = ""
     disk = next((p for p in lru or [] if p.prefix_hits >= DISK_SHARE * ceiling), None)
     if disk is not None and disk.capacity > ram.capacity:
+        evicts = disk_eviction(plan.below)
         tiers.append({"name": "disk", "backend": "fs", "url": "file:///var/cache/kvtier",
                       "capacity": _size(plan.scale(disk.capacity) * plan.block_bytes),
-                      **({"eviction": plan.disk_eviction} if plan.disk_eviction != "lru" else {}),
+                      **({"eviction": evicts} if evicts != "lru" else {}),
                       "write": "back"})
         note += f"; with disk: {disk.prefix_ratio:.1%}"
         admission = disk_admission([r for r in plan.below if r.ram == ram.capacity])
