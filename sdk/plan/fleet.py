@@ -186,10 +186,11 @@ def replay_fleet(
     back = write == "back"
     # per block held by a local tier or the pool: the engine that wrote it, and whether
     # a read used it since (keyed by the tier: the pool's is one for every engine)
-    unread: dict[int, dict[int, tuple[_Engine, bool]]] = {}
+    unread: dict[int, dict[int, tuple[_Engine, bool]]] = {
+        id(tier): {} for engine in fleet for tier in engine.tiers[1:]}
 
     def gone(tier: Any, victims: list[Any], role: int) -> None:
-        held = unread.setdefault(id(tier), {})
+        held = unread[id(tier)]
         for victim, _ in victims:
             writer, read = held.pop(victim)
             if not read:
@@ -206,7 +207,7 @@ def replay_fleet(
         if i:
             engine.counts[5 + engine.roles[i]] += 1  # written local (6) or pool (7)
             gone(tiers[i], victims, engine.roles[i])
-            unread.setdefault(id(tiers[i]), {})[key] = (engine, False)
+            unread[id(tiers[i])][key] = (engine, False)
         if i + 1 < len(tiers):
             if back:
                 for victim, _ in victims:
@@ -232,7 +233,8 @@ def replay_fleet(
             counts[2 + roles[i]] += 1
             counts[5] += weight
             if i:
-                unread[id(tiers[i])][key] = (unread[id(tiers[i])][key][0], True)
+                held = unread[id(tiers[i])]
+                held[key] = (held[key][0], True)
             for above in range(i):  # promoted into every tier above, as the chain does
                 store(engine, above, key, True, True)
             prefix += 1
@@ -240,7 +242,7 @@ def replay_fleet(
             store(engine, 0, keys[j], False, j == prefix)
     for engine in fleet:  # what each tier below RAM still holds unread at the end
         for tier, role in zip(engine.tiers[1:], engine.roles[1:], strict=True):
-            for writer, read in unread.pop(id(tier), {}).values():
+            for writer, read in unread.pop(id(tier), {}).values():  # the pool's: once
                 writer.counts[7 + role] += not read
     served = tuple(EngineServed(*e.counts) for e in fleet)
     return FleetPoint(engines, router, eviction, ram, local, pool, write, balance, served,
