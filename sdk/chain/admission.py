@@ -32,7 +32,9 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-__all__ = ["Admission", "Lineage", "Seen"]
+from kvtier.config.loader import sample_problem  # the check of admit_sample against admit
+
+__all__ = ["Admission", "Lineage", "Seen", "sample_problem"]
 
 _ROWS = 4
 _WIDTH_BITS = 16  # 65,536 counters a row: 256 KiB in all

@@ -40,7 +40,7 @@ from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError
 
 __all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config",
-           "validate_config"]
+           "sample_problem", "validate_config"]
 
 _TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS, *RECORD_KEYS)
 _METRICS_KEYS = ("prometheus_port", "prometheus_host", "log_interval")
@@ -55,6 +55,15 @@ _SHUFFLE_SETTINGS = (0, 1, *SHUFFLE_WIDTHS)
 def _tier_key(kind: str, choices: tuple[Any, ...] | None = None) -> Mapping[str, Any]:
     """Metadata marking a :class:`TierConfig` field as a tier key, parsed as ``kind``."""
     return MappingProxyType({"kind": kind, "choices": choices})
+
+
+def sample_problem(admit: int, share: float) -> str | None:
+    """Why a tier's ``admit_sample: share`` cannot go with its ``admit``; ``None`` if it can."""
+    if not 0.0 <= share <= 1.0:
+        return f"expected a share from 0 to 1, got {share:g}"
+    if share and admit < 2:
+        return "has no meaning with admit: 1 (every block is written); set admit: 2 or more"
+    return None
 
 
 @dataclass(frozen=True)
@@ -425,14 +434,12 @@ class _Validator:
                 del kw["admit"]
                 self.fail(f"{path}.admit", "expected 1 (write every block) or more calls")
         with self.collect():
-            share = kw.get("admit_sample", 0.0)
-            if not 0.0 <= share <= 1.0:
+            # on the first tier it was refused above; the admit it goes with is checked here
+            problem = sample_problem(2 if first else kw.get("admit", 1),
+                                     kw.get("admit_sample", 0.0))
+            if problem is not None:
                 del kw["admit_sample"]
-                self.fail(f"{path}.admit_sample", f"expected a share from 0 to 1, got {share}")
-            elif share and not first and kw.get("admit", 1) < 2:
-                del kw["admit_sample"]
-                self.fail(f"{path}.admit_sample", "has no meaning with admit: 1 (every block "
-                          "is written); set admit: 2 or more")
+                self.fail(f"{path}.admit_sample", problem)
         return kw
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:

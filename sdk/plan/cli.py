@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier.backends.eviction import EVICTION_POLICIES
+from kvtier.chain.admission import sample_problem
 from kvtier.plugins.options import parse_size
 
 from .below import BELOW_EVICTIONS, BelowPoint, replay_below
@@ -42,10 +43,9 @@ class Admission(click.ParamType[tuple[int, float]]):
                       f"got {value!r}", param, ctx)
         if n < 1:
             self.fail(f"admit is 1 (every block) or more calls, got {n}", param, ctx)
-        if not 0.0 <= f <= 1.0:
-            self.fail(f"the sample is a share from 0 to 1, got {f:g}", param, ctx)
-        if f and n < 2:
-            self.fail("a sample has no meaning with admit 1 (every block is written)", param, ctx)
+        problem = sample_problem(n, f)
+        if problem is not None:
+            self.fail(f"admit_sample: {problem}", param, ctx)
         return n, f
 
 

@@ -167,8 +167,8 @@ def test_no_admission_is_recommended_where_every_one_costs_more_than_a_point() -
 
 def test_admit_values_are_checked() -> None:
     for value, reason in [("0", "admit is 1 (every block) or more calls"),
-                          ("1:0.5", "a sample has no meaning with admit 1"),
-                          ("3:1.5", "the sample is a share from 0 to 1"),
+                          ("1:0.5", "admit_sample: has no meaning with admit: 1"),
+                          ("3:1.5", "admit_sample: expected a share from 0 to 1, got 1.5"),
                           ("3:x", "expected N or N:SAMPLE")]:
         result = CliRunner().invoke(cli, ["plan", "--generate", "prompts:50", "--below", "10",
                                           "--admit", value])
