@@ -41,7 +41,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .local import LocalStore
+from .pool_db import IndexSession
 from .pool_policy import PoolPolicy, prepare
+from .pool_store import PoolStore
 from .sharing import (
     DB_NAME,
     POOL_OPTIONS,
@@ -54,10 +56,9 @@ from .sharing import (
 
 log = logging.getLogger("kvtier.backends.fs")
 
-__all__ = ["DB_NAME", "POOL_OPTIONS", "PoolStore", "SharedPool", "network_fs"]
+__all__ = ["DB_NAME", "POOL_OPTIONS", "PoolStore", "SharedPool", "attach", "network_fs"]
 
 _POLL_S = 0.005  # a put waiting for room looks again this often
-_BUSY_S = 30.0  # the longest a transaction waits for another's to end
 _FLUSH_S = 0.05  # a process that stopped putting flushes (rows, uses, credit) this soon ...
 _STALE_S = 0.5  # ... and one putting from its credit at least this often
 _CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
@@ -70,30 +71,11 @@ _ROW = "(ns, key, size, state, writer, used)"  # the policy's columns take their
 Drop = Callable[[list[tuple[str, bytes]]], list[bool]]
 
 
-def _when_unlocked(statement: Callable[[], object]) -> None:
-    """Run ``statement`` once no other connection's lock refuses it (for up to ``_BUSY_S``).
-
-    SQLite's own busy handler sleeps 1, 2, 5, 10 ms ... between tries: under
-    four writers that cost more than the writes; a transaction here lasts
-    tens of microseconds, so look again sooner.
-    """
-    delay, deadline = 50e-6, time.monotonic() + _BUSY_S
-    while True:
-        try:
-            statement()
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 2e-3)
-
-
 class SharedPool:
     """This process's handle on the shared index of one root; thread-safe.
 
-    Two locks: ``_db_lock`` (the connection; held for a whole transaction,
-    taken first) and ``_lock`` (this process's credit, writes and uses; held for
+    Two locks: the session's (:mod:`.pool_db`: the connection; held for a whole
+    transaction, taken first) and ``_lock`` (this process's credit, writes and uses; held for
     microseconds, so a put served from the credit never waits for SQLite).
     """
 
@@ -118,22 +100,13 @@ class SharedPool:
         self._journaled = 0  # bytes appended since the journal was last emptied
         self._last_put = self._flushed = 0.0
         self._lock = threading.Lock()  # the credit's; never held during I/O
-        self._db_lock = threading.Lock()  # the connection's; never held during file I/O
         self._evicting = threading.Lock()
-        self._db = sqlite3.connect(os.path.join(root, DB_NAME), timeout=0.1,
-                                   isolation_level=None, check_same_thread=False)
-        # switching a new index to WAL takes its lock: wait for a sharer creating it
-        _when_unlocked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints
-        # the log is checkpointed at 256 pages and cut back to 1 MiB: the index's own
-        # bytes, which no capacity counts, stay small beside min_free
-        self._db.execute("PRAGMA wal_autocheckpoint=256")
-        self._db.execute("PRAGMA journal_size_limit=1048576")
+        self._session = IndexSession(root)  # the connection: .pool_db
         try:
             with self._txn() as db:  # the schema, and the one policy of the root
                 self.policy: PoolPolicy = prepare(db, eviction, root, ns, capacity, self.scope)
         except BaseException:
-            self._db.close()
+            self._session.close()
             raise
         self._closing = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
@@ -143,15 +116,9 @@ class SharedPool:
     # transactions ------------------------------------------------------------
     @contextlib.contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, ``_db_lock`` held throughout."""
-        with self._db_lock:
-            _when_unlocked(lambda: self._db.execute("BEGIN IMMEDIATE"))
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        """One write transaction (:class:`~.pool_db.IndexSession`)."""
+        with self._session.txn() as db:
+            yield db
 
     @staticmethod
     def _add(db: sqlite3.Connection, ns: str, size: int, inflight: int) -> None:
@@ -197,8 +164,7 @@ class SharedPool:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._journal)
         finally:
-            with self._db_lock:
-                self._db.close()
+            self._session.close()
 
     # the data path ------------------------------------------------------------
     def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], drop: Drop) -> list[str]:
@@ -243,12 +209,9 @@ class SharedPool:
                 self._push_out(keys, out)
                 continue
             if freed <= 0:
-                with self._db_lock:
-                    held = self._lease_held(self._db)
-                    # asked again: others may have taken the room since the grant
-                    waiting = waiting or self._db.execute(
-                        "SELECT inflight FROM totals WHERE scope = ?",
-                        (self.scope,)).fetchall()[0][0] > 0
+                held, busy = self._session.read(self._lease_and_inflight)
+                # asked again: others may have taken the room since the grant
+                waiting = waiting or busy
                 if not (waiting or held) or time.monotonic() > deadline:
                     break  # nothing to evict and nothing landing: it cannot fit
                 time.sleep(_POLL_S)
@@ -462,9 +425,16 @@ class SharedPool:
 
     # the evictor ------------------------------------------------------------------
     def _lease_held(self, db: sqlite3.Connection) -> bool:
-        """Whether another process holds a live lease (so room may come); ``_db_lock`` held."""
+        """Whether another process holds a live lease (so room may come); in a session's
+        transaction or read."""
         holder, expires = db.execute("SELECT holder, expires FROM lease").fetchall()[0]
         return bool(holder != self.me and expires > time.time() and alive(holder))
+
+    def _lease_and_inflight(self, db: sqlite3.Connection) -> tuple[bool, bool]:
+        """Whether another process holds the lease, and whether writes are in flight."""
+        inflight = db.execute("SELECT inflight FROM totals WHERE scope = ?",
+                              (self.scope,)).fetchall()[0][0]
+        return self._lease_held(db), inflight > 0
 
     def _take_lease(self) -> bool:
         with self._txn() as db:
@@ -536,55 +506,13 @@ class SharedPool:
                 os.unlink(path)
 
     def stats(self) -> dict[str, int]:
-        with self._db_lock:
-            used, inflight = self._db.execute(
-                "SELECT bytes, inflight FROM totals WHERE scope = ?", (self.scope,)).fetchall()[0]
+        used, inflight = self._session.read(lambda db: db.execute(
+            "SELECT bytes, inflight FROM totals WHERE scope = ?", (self.scope,)).fetchall()[0])
         out = {"pool_bytes": used, "pool_inflight_bytes": inflight,
                "pool_evictions": self.evicted_blocks, "pool_refused": self.refused}
         if self.capacity is not None:
             out["pool_capacity_bytes"] = self.capacity
         return out
-
-
-class PoolStore(LocalStore):
-    """A local store whose writes settle the room the pool reserved for them."""
-
-    pool: SharedPool
-
-    def remove_victim(self, victim: tuple[str, bytes]) -> bool:
-        """Delete a victim of any namespace of the root: True, its file is gone (also if
-        it was already); a fault raises, for the backend's rule on faults.
-
-        Unlinked, then truncated: a file still open, in a read of any process or in a
-        program that holds it, would keep its bytes on the disk after its room was
-        given to another block.  Unlinked first, so that a read that overlapped the
-        truncation finds the file unlinked (:meth:`evicted`) and answers a miss."""
-        ns, key = victim
-        path = self.path(key) if ns == self.pool.ns else LocalStore(
-            f"{self.pool.root}/{ns}").path(key)
-        try:
-            fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return True
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)
-        return True
-
-    def evicted(self, fd: int) -> bool:
-        return os.fstat(fd).st_nlink == 0
-
-    def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
-        try:
-            size = super().write(key, parts, fsync)
-        except BaseException:
-            self.pool.settle(key, None)
-            raise
-        self.pool.settle(key, size)
-        return size
 
 
 def attach(store: Any, options: Mapping[str, Any], namespace: str) -> Any:
