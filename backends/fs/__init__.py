@@ -23,8 +23,9 @@ this process's index then only answers lookups.
 
 The rest of the package: :mod:`.options` declares the options, :mod:`.open`
 picks the store a URL gets, :mod:`.faults` tells a block's fault from the
-tier's, and :mod:`.scan` lists the blocks for ``kvtier_scan``.  A batch is
-spread over the I/O threads by :func:`kvtier.spec.run_batch`.  Online sizing
+tier's, :mod:`.scan` lists the blocks for ``kvtier_scan``, and :mod:`.readonly`
+is a root opened to be read, writing nothing.  A batch is spread over the I/O
+threads by :func:`kvtier.spec.run_batch`.  Online sizing
 (:mod:`kvtier.backends.sizing`) sees this process's gets and puts: under a
 shared pool, each process estimates from its own traffic.
 """
@@ -62,6 +63,7 @@ from .local import LocalStore
 from .open import open_store, redact
 from .options import OPTIONS
 from .pool import PoolStore, attach
+from .readonly import ReadOnlyStore
 from .scan import scan_store
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -112,13 +114,15 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             raise ConfigError(
                 f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
             )
+        read_only = options["read_only"]  # see .readonly: nothing written under the root
         self._ledger.capacity = options["capacity"]
         self._threads = options["io_threads"]
         self._fsync = options["fsync"]
         store = open_store(url, options["storage_options"], namespace, self._url,
-                           options["create"])
+                           options["create"] and not read_only)
         if isinstance(store, LocalStore) and options["direct_io"]:
             store.direct_min = DIRECT_MIN
+        store = ReadOnlyStore(store, self._url) if read_only else store
         try:
             store.create_root()
             store.probe()
@@ -254,6 +258,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         sizes: list[int],
         evicted: Evicted,
     ) -> list[bool]:
+        if isinstance(self._store, ReadOnlyStore):
+            return [False] * len(keys)
         if len(keys) == 1 and not isinstance(self._store, PoolStore):
             done = self._put_one(keys[0], parts[0], sizes[0])
             if done is not None:

@@ -53,6 +53,13 @@ OPTIONS: Mapping[str, Option] = {
         "is an error and nothing is created)",
         default=True,
     ),
+    "read_only": Option(
+        "bool",
+        "open without writing anything under the root (no directory, temp file, index "
+        "file or pool index; a read-only mount is fine): puts answer false and nothing is "
+        "evicted. kvtier inspect, and kvtier scrub without --repair, open with true",
+        default=False,
+    ),
     "fsync": Option(
         "bool",
         "fsync each block file and its directory on publish (survives power loss, slower)",

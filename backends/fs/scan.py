@@ -16,6 +16,7 @@ from typing import Any
 from kvtier.spec import ConfigError, ScanEntry
 
 from .layout import FAN_RE, NAMESPACE_RE, Store, key_of_name
+from .readonly import local_or_remote
 from .remote import RemoteStore, mtime_of
 
 __all__ = ["SCAN_BATCH", "scan_local", "scan_remote", "scan_store"]
@@ -32,6 +33,7 @@ def scan_store(
         raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
                           key="namespace")
     root = store.nsroot.rsplit("/", 1)[0]  # the namespaces' parent: the tier's URL
+    store = local_or_remote(store)
     if isinstance(store, RemoteStore):
         return scan_remote(store.fs, root, namespace, check)
     return scan_local(root, namespace, check)

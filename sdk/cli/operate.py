@@ -14,9 +14,14 @@ the process that runs the chain, so these commands skip it and say why.
 
 They look at stores that exist and create none: a backend that declares the
 boolean option :data:`CREATE_OPTION` is opened with it off, so that a
-mistyped location is an error naming it, not a new, empty store.  An option
+mistyped location is an error naming it, not a new, empty store.  A look
+(``inspect``, ``scrub`` without ``--repair``) also writes nothing: a backend
+that declares :data:`READ_ONLY_OPTION` is opened with it on, so that a
+read-only mount can be looked at and a root is left as it was.  An option
 a backend refuses when opened is an error of the command too; a tier that
-cannot be opened for another reason (a server down) is skipped and says why.
+cannot be opened for another reason (a server down, a damaged index, a
+read-only mount under a purge) is :attr:`OperatorStore.failed`, which the
+commands report and exit non-zero for: what they did not check is no success.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from kvtier.spec import ConfigError, CorruptBlockError, ScanEntry
 
 __all__ = [
     "CREATE_OPTION",
+    "READ_ONLY_OPTION",
     "Corrupt",
     "NamespaceSummary",
     "OperatorStore",
@@ -59,34 +65,47 @@ READ_BATCH_BYTES = 64 << 20
 EVICT_BATCH = 1000
 #: A backend option (``bool``) saying whether opening may create the store's location.
 CREATE_OPTION = "create"
+#: A backend option (``bool``) saying that the store is opened to be read, writing nothing.
+READ_ONLY_OPTION = "read_only"
 
 
-def as_found(config: TierConfig, registry: BackendRegistry) -> TierConfig:
-    """``config`` with :data:`CREATE_OPTION` off, where its backend declares it."""
-    declared = registry.options(config.backend).get(CREATE_OPTION)
-    if declared is None or declared.type != "bool":
+def as_found(config: TierConfig, registry: BackendRegistry, read_only: bool = False
+             ) -> TierConfig:
+    """``config`` with :data:`CREATE_OPTION` off, and :data:`READ_ONLY_OPTION` on if
+    ``read_only``, where its backend declares them."""
+    declared = registry.options(config.backend)
+    wanted = {CREATE_OPTION: False, **({READ_ONLY_OPTION: True} if read_only else {})}
+    set_ = {k: v for k, v in wanted.items()
+            if (opt := declared.get(k)) is not None and opt.type == "bool"}
+    if not set_:
         return config
-    options = CheckedOptions({**config.options, CREATE_OPTION: False}, config.backend)
+    options = CheckedOptions({**config.options, **set_}, config.backend)
     return dataclasses.replace(config, options=options)
 
 
 class OperatorStore:
-    """One tier's store, opened for operators: a lister, plus an instance per namespace."""
+    """One tier's store, opened for operators: a lister, plus an instance per namespace.
 
-    def __init__(self, config: TierConfig, registry: BackendRegistry) -> None:
-        config = as_found(config, registry)
+    ``skipped`` says why a tier holds nothing these commands can see (RAM, a
+    backend that cannot list); ``failed`` why a store could not be opened.
+    """
+
+    def __init__(self, config: TierConfig, registry: BackendRegistry,
+                 read_only: bool = False) -> None:
+        config = as_found(config, registry, read_only)
         self.config = config
         self.name = config.name
         self._registry = registry
         self._tiers: dict[str, Tier] = {}
         self.skipped: str | None = None
+        self.failed: str | None = None
         self.lister: Tier | None = None
         try:
             self.lister = open_catalog(config, registry)
         except ConfigError:
             raise  # a mistyped or missing location: the command cannot do what was asked
         except Exception as exc:
-            self.skipped = f"cannot open: {exc}"
+            self.failed = f"cannot open: {exc}"
             return
         caps = self.lister.capabilities
         if not (caps.persistent or caps.shared):
@@ -129,8 +148,9 @@ class OperatorStore:
 
 
 def open_stores(config: ChainConfig, registry: BackendRegistry,
-                only: Sequence[str] = ()) -> list[OperatorStore]:
-    """The chain's stores (only the tiers named in ``only``, if given), top to bottom."""
+                only: Sequence[str] = (), read_only: bool = False) -> list[OperatorStore]:
+    """The chain's stores (only the tiers named in ``only``, if given), top to bottom;
+    with ``read_only``, opened to be looked at (see :data:`READ_ONLY_OPTION`)."""
     names = [t.name for t in config.tiers]
     unknown = [n for n in only if n not in names]
     if unknown:
@@ -140,10 +160,11 @@ def open_stores(config: ChainConfig, registry: BackendRegistry,
     try:
         for tier in config.tiers:
             if not only or tier.name in only:
-                stores.append(OperatorStore(tier, registry))
-        named = [s for s in stores if s.skipped is not None and s.name in only]
+                stores.append(OperatorStore(tier, registry, read_only))
+        named = [s for s in stores if (s.skipped or s.failed) and s.name in only]
         if named:
-            raise ConfigError(f"tier {named[0].name!r}: {named[0].skipped}", key="--tier")
+            raise ConfigError(f"tier {named[0].name!r}: {named[0].skipped or named[0].failed}",
+                              key="--tier")
     except BaseException:
         for store in stores:
             store.close()

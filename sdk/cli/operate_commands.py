@@ -3,7 +3,9 @@
 Each takes the chain file an engine uses, ``--tier NAME`` (repeatable) to
 pick tiers, prints tables, and with ``--json`` one JSON document on stdout
 instead.  Exit status: 0 done, 1 ``scrub`` found corrupt or unreadable
-blocks or a purge was not confirmed, 2 the file, a tier or the arguments are wrong.  What they
+blocks or a purge was not confirmed, 2 the file, a tier or the arguments are wrong,
+3 a tier's store could not be opened (the other tiers were done and reported).
+``inspect`` and ``scrub`` without ``--repair`` write nothing.  What they
 do is :mod:`kvtier.cli.operate`.
 """
 
@@ -44,6 +46,8 @@ from kvtier.spec import KvtierError, ScanEntry
 __all__ = ["inspect_command", "purge_command", "scrub_command"]
 
 _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
+#: The exit status when a tier's store could not be opened: its blocks were not looked at.
+FAILED_EXIT = 3
 
 
 def _fail(message: str) -> None:
@@ -52,10 +56,11 @@ def _fail(message: str) -> None:
 
 
 @contextmanager
-def _stores(config_file: str, tiers: Sequence[str]) -> Iterator[list[OperatorStore]]:
+def _stores(config_file: str, tiers: Sequence[str],
+            read_only: bool = False) -> Iterator[list[OperatorStore]]:
     try:
         config = load_config(config_file)
-        stores = open_stores(config, default_registry(), tiers)
+        stores = open_stores(config, default_registry(), tiers, read_only)
     except KvtierError as exc:
         _fail(str(exc))
         raise AssertionError("unreachable") from None
@@ -77,10 +82,35 @@ def _model(description: dict[str, Any] | None) -> str:
 
 
 def _emit(as_json: bool, document: dict[str, Any], tables: Callable[[Console], None]) -> None:
+    failed = [row for row in document["tiers"] if "failed" in row]
+    document["failed"] = len(failed)
     if as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
     else:
         tables(console())
+    if failed:  # on stderr too: what was not looked at must not pass unseen
+        names = ", ".join(repr(row["tier"]) for row in failed)
+        console(stderr=True).print(f"[bold red]error:[/] {escape(names)}: could not be opened, "
+                                   "so not looked at" + ("" if as_json else " (see above)"))
+
+
+def _not_done(row: dict[str, Any], console: Console) -> bool:
+    """Print the line of a tier skipped or failed; whether it was one."""
+    title = f"tier {row['tier']} ({row['backend']})"
+    if "failed" in row:
+        console.print(f"{escape(title)}: [bold red]FAILED[/], {escape(row['failed'])}")
+    elif "skipped" in row:
+        console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+    return "failed" in row or "skipped" in row
+
+
+def _status(store: OperatorStore, row: dict[str, Any]) -> bool:
+    """Note in ``row`` why ``store`` is skipped or failed; whether it is one."""
+    if store.failed is not None:
+        row["failed"] = store.failed
+    elif store.skipped is not None:
+        row["skipped"] = store.skipped
+    return store.failed is not None or store.skipped is not None
 
 
 def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,16 +143,14 @@ def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sam
     """
     live = _live_sizing(metrics)
     report: list[dict[str, Any]] = []
-    with _stores(config_file, tiers) as stores:
+    with _stores(config_file, tiers, read_only=True) as stores:
         for store in stores:
             row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
             if metrics:
                 row["sizing"] = [{"metrics": url, "namespace": ns, "hit_ratio": ratios}
                                  for url, found in live for (tier, ns), ratios in found.items()
                                  if tier == store.name]
-            if store.skipped is not None:
-                row["skipped"] = store.skipped
-            else:
+            if not _status(store, row):
                 try:
                     summaries, descriptors = inspect_store(store, sample)
                 except KvtierError as exc:
@@ -134,7 +162,9 @@ def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sam
                 row["block_load_s"] = (sum(n * t for n, t in read) / sum(n for n, _ in read)
                                        if read else None)
             report.append(row)
-    _emit(as_json, {"config": config_file, "tiers": report}, lambda c: _inspect_tables(c, report))
+    document = {"config": config_file, "tiers": report}
+    _emit(as_json, document, lambda c: _inspect_tables(c, report))
+    sys.exit(FAILED_EXIT if document["failed"] else 0)
 
 
 def _live_sizing(urls: Sequence[str]) -> list[tuple[str, dict[tuple[str, str], dict[str, float]]]]:
@@ -164,8 +194,7 @@ def _sizing_lines(console: Console, row: dict[str, Any]) -> None:
 def _inspect_tables(console: Console, report: list[dict[str, Any]]) -> None:
     for row in report:
         title = f"tier {row['tier']} ({row['backend']})"
-        if "skipped" in row:
-            console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+        if _not_done(row, console):
             _sizing_lines(console, row)
             continue
         table = Table(title=title, title_justify="left")
@@ -225,7 +254,7 @@ def scrub_command(config_file: str, tiers: tuple[str, ...], as_json: bool, repai
     if rate is not None and rate <= 0:
         _fail("--max-rate must be more than 0 bytes per second")
     report: list[dict[str, Any]] = []
-    with _stores(config_file, tiers) as stores:
+    with _stores(config_file, tiers, read_only=not repair) as stores:
         for store in stores:
             report.append(_scrub_one(store, repair, rate))
     corrupt = sum(len(r.get("corrupt", [])) for r in report)
@@ -233,13 +262,12 @@ def scrub_command(config_file: str, tiers: tuple[str, ...], as_json: bool, repai
     document = {"config": config_file, "tiers": report, "corrupt": corrupt,
                 "unreadable": unreadable, "repair": repair}
     _emit(as_json, document, lambda c: _scrub_tables(c, report, repair))
-    sys.exit(1 if corrupt or unreadable else 0)
+    sys.exit(FAILED_EXIT if document["failed"] else 1 if corrupt or unreadable else 0)
 
 
 def _scrub_one(store: OperatorStore, repair: bool, rate: float | None) -> dict[str, Any]:
     row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
-    if store.skipped is not None:
-        row["skipped"] = store.skipped
+    if _status(store, row):
         return row
     try:
         entries = store.entries()
@@ -262,8 +290,7 @@ def _scrub_one(store: OperatorStore, repair: bool, rate: float | None) -> dict[s
 def _scrub_tables(console: Console, report: list[dict[str, Any]], repair: bool) -> None:
     for row in report:
         title = f"tier {row['tier']} ({row['backend']})"
-        if "skipped" in row:
-            console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+        if _not_done(row, console):
             continue
         console.print(f"{escape(title)}: {row['checked']} block(s) checked, "
                       f"{format_size(row['bytes'])}, {len(row['corrupt'])} corrupt"
@@ -315,7 +342,7 @@ def purge_command(config_file: str, tiers: tuple[str, ...], as_json: bool, model
     with _stores(config_file, tiers) as stores:
         plans: list[tuple[OperatorStore, list[ScanEntry], int, dict[str, Any]]] = []
         for store in stores:
-            if store.skipped is not None:
+            if store.skipped is not None or store.failed is not None:
                 plans.append((store, [], 0, {}))
                 continue
             try:
@@ -336,13 +363,13 @@ def purge_command(config_file: str, tiers: tuple[str, ...], as_json: bool, model
                 "removed_blocks": sum(r.get("removed_blocks", 0) for r in report),
                 "freed_bytes": sum(r.get("freed_bytes", 0) for r in report)}
     _emit(as_json, document, lambda c: _purge_tables(c, report, document))
+    sys.exit(FAILED_EXIT if document["failed"] else 0)
 
 
 def _purge_one(store: OperatorStore, matched: list[ScanEntry], undated: int,
                descriptors: dict[str, Any], whole: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
-    if store.skipped is not None:
-        row["skipped"] = store.skipped
+    if _status(store, row):
         return row
     try:
         removed, freed = remove(store, matched, whole_namespaces=whole)
@@ -365,8 +392,7 @@ def _purge_tables(console: Console, report: list[dict[str, Any]],
                   document: dict[str, Any]) -> None:
     for row in report:
         title = f"tier {row['tier']} ({row['backend']})"
-        if "skipped" in row:
-            console.print(f"{escape(title)}: skipped, {escape(row['skipped'])}")
+        if _not_done(row, console):
             continue
         table = Table(title=title, title_justify="left")
         for column in ("namespace", "model", "blocks", "bytes"):
