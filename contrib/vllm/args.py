@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pprint
 import sys
@@ -120,6 +121,9 @@ def complete_extra_config(extra: Mapping[str, Any]) -> dict[str, Any]:
     vLLM's own (the spec then only adds CPU support).  Returns a new dict.
     """
     out = dict(extra)
+    given = out.get("cpu_bytes_to_use")
+    if isinstance(given, float) and not math.isfinite(given):  # JSON lets NaN, Infinity in
+        _byte_count(given)
     tiers = [dict(t) if isinstance(t, Mapping) else t for t in out.get("secondary_tiers") or []]
     ours = [t for t in tiers if _is_kvtier_tier(t)]
     path = out.get("kvtier_config")
@@ -177,12 +181,21 @@ def kv_transfer_config(
         "secondary_tiers": [tier],
     }
     if cpu_bytes_to_use is not None:
-        extra["cpu_bytes_to_use"] = int(cpu_bytes_to_use)
+        extra["cpu_bytes_to_use"] = _byte_count(cpu_bytes_to_use)
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": extra,
     }
+
+
+def _byte_count(value: Any) -> int:
+    """``cpu_bytes_to_use`` as a whole number of bytes: NaN, infinity, fractions refused."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0 or value != int(value)):
+        raise ConfigError(f"expected a whole number of bytes, 0 or more, got {value!r}",
+                          key="cpu_bytes_to_use")
+    return int(value)
 
 
 def _python_literal(config: Mapping[str, Any]) -> str:

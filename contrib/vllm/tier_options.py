@@ -8,6 +8,7 @@ naming it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,21 +98,34 @@ class TierOptions:
             model_name=model_name,
             keep_host_tier=keep_host_tier,
             locality=None if locality is None else locality_of(locality),
-            lookup_timeout=float(lookup_timeout),
-            verdict_ttl=float(verdict_ttl),
-            failed_ttl=float(failed_ttl),
-            load_timeout=_load_timeout(load_timeout),
+            lookup_timeout=_seconds(tier_type, "lookup_timeout", lookup_timeout),
+            verdict_ttl=_seconds(tier_type, "verdict_ttl", verdict_ttl),
+            failed_ttl=_seconds(tier_type, "failed_ttl", failed_ttl),
+            load_timeout=_load_timeout(tier_type, load_timeout),
             job_workers=job_workers,
-            reopen_interval=float(reopen_interval),
+            reopen_interval=_seconds(tier_type, "reopen_interval", reopen_interval),
         )
 
 
-def _load_timeout(value: float | None) -> float | None:
+def _seconds(tier_type: str, name: str, value: Any) -> float:
+    """``value`` as seconds: a finite number, 0 or more (JSON lets NaN and Infinity in)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"secondary tier {tier_type!r}: {name!r}: expected a finite number "
+                          f"of seconds, 0 or more, got {value!r}")
+    return seconds
+
+
+def _load_timeout(tier_type: str, value: float | None) -> float | None:
     if value is None:
         return None
+    seconds = _seconds(tier_type, "load_timeout", value)
     if not HAS_DEFERRED_RELEASE:  # without it a late read could write into reused slots
         raise ConfigError(
             f"'load_timeout' needs vLLM 0.34 or later (JobResult.deferred_release); "
             f"this is vLLM {VLLM_VERSION}"
         )
-    return float(value)
+    return seconds

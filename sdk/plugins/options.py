@@ -10,6 +10,7 @@ with defaults filled, whoever opens it (a chain, the conformance kit, a test).
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
@@ -19,9 +20,11 @@ from kvtier.spec import ConfigError, Option, PluginError
 __all__ = [
     "CheckedOptions",
     "FromText",
+    "NotFinite",
     "check_options",
     "convert",
     "describe_value",
+    "finite",
     "parse_duration",
     "parse_option",
     "parse_size",
@@ -68,7 +71,7 @@ def parse_size(value: object) -> int:
         if match:
             unit = match.group(2).lower()
             if unit in _SIZE_UNITS:
-                return int(float(match.group(1)) * _SIZE_UNITS[unit])
+                return int(finite(float(match.group(1)) * _SIZE_UNITS[unit], value))
     raise ValueError(f"expected a size such as 8GiB, 500MB or 4096 (bytes), got {value!r}")
 
 
@@ -77,14 +80,38 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 250ms or 2s, got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
+        seconds = finite(value)
+        if seconds < 0:
             raise ValueError(f"a duration cannot be negative, got {value}")
-        return float(value)
+        return seconds
     if isinstance(value, str):
         match = _DURATION_RE.match(value)
         if match:
-            return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+            return finite(float(match.group(1)) * _DURATION_UNITS[match.group(2)], value)
     raise ValueError(f"expected a duration such as 250ms, 2s or 1m, got {value!r}")
+
+
+class NotFinite(ValueError):
+    """A number that is NaN or infinite: its message is the whole reason."""
+
+
+def finite(value: Any, given: object = None) -> float:
+    """``float(value)``, unless that is NaN or infinite: ``NotFinite``, showing ``given``
+    (by default ``value``).  A ``str`` that is no number raises ``ValueError``.
+
+    NaN compares false with everything, so it passes every range check after
+    it (a NaN margin declines every load); infinity overflows what it sizes.
+    """
+    given = value if given is None else given
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float's range
+        number = math.inf
+    if not math.isfinite(number):
+        shown = repr(given) if isinstance(given, str) else str(given)
+        raise NotFinite(f"expected a finite number, got {shown}")
+    return number
+
 
 _INT_RE = re.compile(r"\s*[+-]?\d+\s*")
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
@@ -185,6 +212,8 @@ def parse_value(kind: str, value: Any, fail: Fail, *,
     """``value`` parsed as ``kind`` and among ``choices``; else ``fail`` says what was wanted."""
     try:
         parsed = convert(kind, value)
+    except NotFinite as exc:
+        fail("expected a finite number (value hidden: secret option)" if secret else str(exc))
     except ValueError:
         fail(f"expected {_EXPECTED.get(kind, kind)}, got {describe_value(value, secret)}")
     if choices is not None and parsed not in choices:
@@ -201,7 +230,7 @@ def convert(kind: str, value: Any) -> Any:
     if kind == "int" and (type(value) is int or (text and _INT_RE.fullmatch(value))):
         return int(value)
     if kind == "float" and (number or text):
-        return float(value)  # a FromText that is no number raises ValueError
+        return finite(value)  # a FromText that is no number raises ValueError
     if kind == "bool" and (isinstance(value, bool) or (text and value.strip().lower() in _BOOLS)):
         return value if isinstance(value, bool) else _BOOLS[value.strip().lower()]
     if kind in ("size", "duration"):

@@ -442,6 +442,10 @@ def test_unreachable_server_at_open_names_it_without_the_password(tmp_path: Path
         ({"retries": -1}, "retries"),
         ({"url": "redis://:pw@127.0.0.1:6379/0", "password": "pw"}, "password"),
         ({"colour": "blue"}, "colour"),
+        # NaN passes every range check; infinity overflows (issue 37, item 9)
+        ({"timeout": float("nan")}, "timeout"),
+        ({"connect_timeout": float("inf")}, "connect_timeout"),
+        ({"capacity": "1" + "0" * 400 + "GiB"}, "capacity"),
     ],
 )
 def test_bad_options_are_config_errors(options: dict[str, Any], key: str) -> None:
@@ -459,6 +463,8 @@ def test_bad_options_are_config_errors(options: dict[str, Any], key: str) -> Non
         ("capacity: 0", "at least 1"),
         ("max_connections: 0", "at least 1"),
         ("batch_bytes: 0", "at least 1"),
+        ("timeout: .nan", "expected a finite number, got nan"),
+        ("connect_timeout: .inf", "expected a finite number, got inf"),
     ],
 )
 def test_yaml_config_rejects_bad_values(tmp_path: Path, line: str, message: str) -> None:

@@ -145,3 +145,43 @@ def test_readme_example_gives_vllm_a_32gib_cpu_tier(tmp_path: Path) -> None:
     path.write_text(example)
     extra = kv_transfer_config(path)["kv_connector_extra_config"]
     assert extra["cpu_bytes_to_use"] == 32 << 30 and extra["eviction_policy"] == "arc"
+
+
+# --------------------------------------------------------------------------- finite numbers
+# vLLM reads --kv-transfer-config with json.loads, which takes NaN and Infinity
+
+
+@pytest.mark.parametrize("name", ["lookup_timeout", "verdict_ttl", "failed_ttl",
+                                  "reopen_interval"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "soon", None])
+def test_secondary_tier_seconds_are_finite(name: str, value: object) -> None:
+    from kvtier.contrib.vllm.tier_options import TierOptions
+
+    given: dict[str, Any] = {"lookup_timeout": 2.0, "verdict_ttl": 2.0, "failed_ttl": 30.0,
+                             "reopen_interval": 30.0, name: value}
+    with pytest.raises(ConfigError) as info:
+        TierOptions.checked("KvtierTier", config="tiers.yaml", namespace_extra=None,
+                            model_name=None, keep_host_tier=False, job_workers=8,
+                            locality=None, load_timeout=None, **given)
+    assert str(info.value) == (f"secondary tier 'KvtierTier': {name!r}: expected a finite "
+                               f"number of seconds, 0 or more, got {value!r}")
+    ok = TierOptions.checked("KvtierTier", config="tiers.yaml", namespace_extra=None,
+                             model_name=None, keep_host_tier=False, job_workers=8,
+                             locality=None, load_timeout=None, **{**given, name: "0.5"})
+    assert getattr(ok, name) == 0.5
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1.5, -1])
+def test_cpu_bytes_are_a_whole_finite_count(tmp_path: Path, value: float) -> None:
+    from kvtier.contrib.vllm import complete_extra_config, kv_transfer_config
+
+    path = write_yaml(tmp_path / "t.yaml", [host_tier(), {"name": "disk", "backend": "fs",
+                                                          "url": str(tmp_path / "s")}])
+    with pytest.raises(ConfigError) as info:
+        kv_transfer_config(path, cpu_bytes_to_use=value)
+    assert info.value.key == "cpu_bytes_to_use"
+    if value != value or value in (float("inf"),):  # NaN, Infinity: refused when given too
+        with pytest.raises(ConfigError, match="whole number of bytes"):
+            complete_extra_config({"kvtier_config": str(path), "cpu_bytes_to_use": value})
+    assert kv_transfer_config(path, cpu_bytes_to_use=4096.0)[
+        "kv_connector_extra_config"]["cpu_bytes_to_use"] == 4096
