@@ -41,18 +41,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .local import LocalStore
-from .pool_db import IndexSession
+from .pool_db import IndexReplaced, IndexSession
+from .pool_dead import ROW as _ROW
+from .pool_dead import settle_dead
 from .pool_policy import PoolPolicy, prepare
 from .pool_store import PoolStore
-from .sharing import (
-    DB_NAME,
-    POOL_OPTIONS,
-    alive,
-    journal_keys,
-    journal_path,
-    network_fs,
-    parse_min_free,
-)
+from .sharing import DB_NAME, POOL_OPTIONS, alive, journal_path, network_fs, parse_min_free
 
 log = logging.getLogger("kvtier.backends.fs")
 
@@ -64,7 +58,6 @@ _STALE_S = 0.5  # ... and one putting from its credit at least this often
 _CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
 _CREDIT_SHARE = 16  # ... and at most this fraction of the capacity
 _JOURNAL_MAX = 1 << 16  # a process's journal is emptied once it is longer
-_ROW = "(ns, key, size, state, writer, used)"  # the policy's columns take their defaults
 
 
 #: Deletes the victims' files; answers, per victim, whether its file is gone.
@@ -101,13 +94,11 @@ class SharedPool:
         self._last_put = self._flushed = 0.0
         self._lock = threading.Lock()  # the credit's; never held during I/O
         self._evicting = threading.Lock()
-        self._session = IndexSession(root)  # the connection: .pool_db
-        try:
-            with self._txn() as db:  # the schema, and the one policy of the root
-                self.policy: PoolPolicy = prepare(db, eviction, root, ns, capacity, self.scope)
-        except BaseException:
-            self._session.close()
-            raise
+        self._eviction = eviction
+        self.policy: PoolPolicy
+        # the connection (.pool_db): the schema and the one policy of the root (_setup) on
+        # every index it uses, this process counted again in a rebuilt one (_rejoin)
+        self._session = IndexSession(root, self._setup, self._rejoin)
         self._closing = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
                                          name="kvtier-fs-pool")
@@ -119,6 +110,22 @@ class SharedPool:
         """One write transaction (:class:`~.pool_db.IndexSession`)."""
         with self._session.txn() as db:
             yield db
+
+    def _setup(self, db: sqlite3.Connection) -> None:
+        self.policy = prepare(db, self._eviction, self.root, self.ns, self.capacity,
+                              self.scope)
+
+    def _rejoin(self, db: sqlite3.Connection) -> None:
+        """This process in an index rebuilt from the files (by it or another process): the
+        room it holds in flight counted again, and the files of its namespace, as at an
+        open; its writes landed get their rows at its next flush."""
+        with self._lock:
+            held = self.held
+        if held:
+            self._add(db, self.ns, held, held)
+        self._record_held(db)
+        entries, _ = self.files.scan(lambda fn, items: [fn(item) for item in items])
+        self._adopt_rows(db, {entry.key: entry.size for entry in entries}, self.files)
 
     @staticmethod
     def _add(db: sqlite3.Connection, ns: str, size: int, inflight: int) -> None:
@@ -134,30 +141,45 @@ class SharedPool:
         not made its row yet: that process then finds the row and gives back
         its credit, so the file is counted once.
         """
+        try:
+            with self._txn() as db:
+                self._adopt_rows(db, found, store)
+        except IndexReplaced:  # the files were counted again in the new index
+            pass
+
+    def _adopt_rows(self, db: sqlite3.Connection, found: Mapping[bytes, int],
+                    store: LocalStore) -> None:
         now = time.time_ns() - len(found)
-        with self._txn() as db:
-            rows = dict(db.execute("SELECT key, state FROM blocks WHERE ns = ?", (self.ns,)))
-            for pos, key in enumerate(found):
-                if key not in rows and (size := store.size(key)) is not None:
-                    db.execute(f"INSERT INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
-                               (self.ns, key, size, self.me, now + pos))
-                    self._add(db, self.ns, size, 0)
-            for key, state in rows.items():
-                if state == "S" and key not in found and store.size(key) is None:
-                    size = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? "
-                                      "RETURNING size", (self.ns, key)).fetchall()[0][0]
-                    self._add(db, self.ns, -size, 0)
+        rows = dict(db.execute("SELECT key, state FROM blocks WHERE ns = ?", (self.ns,)))
+        for pos, key in enumerate(found):
+            if key not in rows and (size := store.size(key)) is not None:
+                db.execute(f"INSERT INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
+                           (self.ns, key, size, self.me, now + pos))
+                self._add(db, self.ns, size, 0)
+        for key, state in rows.items():
+            if state == "S" and key not in found and store.size(key) is None:
+                size = db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? "
+                                  "RETURNING size", (self.ns, key)).fetchall()[0][0]
+                self._add(db, self.ns, -size, 0)
 
     def close(self) -> None:
+        """Give back what this process holds; an index that fails now costs the others
+        at most this process's credit until an evictor settles it (as for a process
+        that died), never an error."""
         self._closing.set()
         self._flusher.join()
         try:
-            with self._txn() as db:
-                self._flush(db, spare=True)
-                left, self.mine = sum(self.mine.values()), {}  # never settled: none landed
-                if left:
-                    self._add(db, self.ns, -left, -left)
-                db.execute("DELETE FROM writers WHERE writer = ?", (self.me,))
+            for _ in range(2):  # once more in an index that replaced a damaged one
+                try:
+                    self._leave()
+                    break
+                except IndexReplaced:
+                    continue
+        except OSError as exc:
+            log.warning("fs pool %s: closed without giving back its room (%s); another "
+                        "process's evictor settles it", self.root, exc)
+            return self._session.close()  # the journal stays, for that evictor
+        try:
             if self._journal_fd >= 0:
                 os.close(self._journal_fd)
                 self._journal_fd = -1
@@ -165,6 +187,16 @@ class SharedPool:
                 os.unlink(self._journal)
         finally:
             self._session.close()
+
+    def _leave(self) -> None:
+        with self._txn() as db:
+            self._flush(db, spare=True)
+            with self._lock:
+                left, self.mine = sum(self.mine.values()), {}  # never settled: none landed
+                self.held -= left
+            if left:
+                self._add(db, self.ns, -left, -left)
+            db.execute("DELETE FROM writers WHERE writer = ?", (self.me,))
 
     # the data path ------------------------------------------------------------
     def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], drop: Drop) -> list[str]:
@@ -186,39 +218,56 @@ class SharedPool:
             return out
         pending = list(range(len(keys)))
         deadline = time.monotonic() + self.lease_s
+        replaced = 0
         while True:
-            pending, need, waiting = self._grant(keys, sizes, pending, out)
-            if not pending:
+            try:
+                pending, go_on = self._make_way(keys, sizes, pending, out, drop, deadline)
+            except IndexReplaced:
+                # a damaged index was replaced during a transaction: what this process
+                # granted itself is counted in the new one (_rejoin); the rest is asked again
+                replaced += 1
+                pending = [i for i in pending if out[i] == "no"]
+                go_on = replaced <= 2
+            if not (go_on and pending):
                 break
-            freed, tried, kept = 0, False, 0
-            # one evicting thread per process: the lease is the process's
-            if need > 0 and self._evicting.acquire(blocking=False):
-                try:
-                    if self._take_lease():
-                        tried, (freed, kept) = True, self._evict(need, drop)
-                        waiting = waiting or kept > 0  # others go first on the next round
-                    else:  # another process evicts: it may have freed room by the next look
-                        waiting = True
-                finally:
-                    self._evicting.release()
-            elif need > 0:
-                waiting = True  # another thread of this process is evicting
-            if freed <= 0 and tried and "new" in out:
-                # nothing older is left: this batch's first blocks make way for its
-                # later ones, as if it were put one block at a time
-                self._push_out(keys, out)
-                continue
-            if freed <= 0:
-                held, busy = self._session.read(self._lease_and_inflight)
-                # asked again: others may have taken the room since the grant
-                waiting = waiting or busy
-                if not (waiting or held) or time.monotonic() > deadline:
-                    break  # nothing to evict and nothing landing: it cannot fit
-                time.sleep(_POLL_S)
         with self._lock:
             self.refused += len(pending)
         self._log(keys, out)
         return out
+
+    def _make_way(self, keys: Sequence[bytes], sizes: Sequence[int], pending: list[int],
+                  out: list[str], drop: Drop, deadline: float) -> tuple[list[int], bool]:
+        """One round of :meth:`reserve`: grant what fits, or evict, or wait for room.
+        Answers the blocks still pending, and whether to go on."""
+        pending, need, waiting = self._grant(keys, sizes, pending, out)
+        if not pending:
+            return pending, False
+        freed, tried, kept = 0, False, 0
+        # one evicting thread per process: the lease is the process's
+        if need > 0 and self._evicting.acquire(blocking=False):
+            try:
+                if self._take_lease():
+                    tried, (freed, kept) = True, self._evict(need, drop)
+                    waiting = waiting or kept > 0  # others go first on the next round
+                else:  # another process evicts: it may have freed room by the next look
+                    waiting = True
+            finally:
+                self._evicting.release()
+        elif need > 0:
+            waiting = True  # another thread of this process is evicting
+        if freed <= 0 and tried and "new" in out:
+            # nothing older is left: this batch's first blocks make way for its
+            # later ones, as if it were put one block at a time
+            self._push_out(keys, out)
+            return pending, True
+        if freed <= 0:
+            held, busy = self._session.read(self._lease_and_inflight)
+            # asked again: others may have taken the room since the grant
+            waiting = waiting or busy
+            if not (waiting or held) or time.monotonic() > deadline:
+                return pending, False  # nothing to evict and nothing landing: it cannot fit
+            time.sleep(_POLL_S)
+        return pending, True
 
     def _from_credit(self, keys: Sequence[bytes], sizes: Sequence[int], out: list[str]) -> bool:
         """Grant the whole batch from the credit (``_lock`` held), or nothing."""
@@ -398,6 +447,8 @@ class SharedPool:
                 try:
                     with self._txn() as db:
                         self._flush(db, spare=idle)
+                except IndexReplaced:
+                    pass  # logged by the session; this process is counted in the new index
                 except (sqlite3.Error, OSError) as exc:  # tried again in the next round
                     log.warning("fs pool %s: flush failed: %s", self.root, exc)
 
@@ -415,6 +466,12 @@ class SharedPool:
 
     def forget(self, keys: Sequence[bytes]) -> None:
         """``keys`` are about to be deleted by the caller (an explicit evict)."""
+        try:
+            self._forget(keys)
+        except IndexReplaced:
+            self._forget(keys)  # in the new index, which counted the files found
+
+    def _forget(self, keys: Sequence[bytes]) -> None:
         with self._txn() as db:
             self._flush(db, spare=False)
             for key in keys:
@@ -475,7 +532,7 @@ class SharedPool:
         policy's order (:mod:`.pool_policy`) until ``need`` bytes; none if all would not do."""
         with self._txn() as db:
             self._flush(db, spare=False)
-            self._settle_dead(db)
+            settle_dead(db, self.root, self.me, self._add)  # .pool_dead
             victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
                                  ).fetchall()  # left by an evictor that died
             if self.policy.stored(db) < need and not victims:
@@ -483,33 +540,14 @@ class SharedPool:
             victims += self.policy.choose(db, need)
         return victims
 
-    def _settle_dead(self, db: sqlite3.Connection) -> None:
-        """What processes that died left: their credit is given back, and the files their
-        journal names that no row counts are counted (published by a rename, so whole).
-        By pid: one pid namespace."""
-        now = time.time_ns()
-        for writer, ns, held in db.execute("SELECT writer, ns, held FROM writers "
-                                           "WHERE writer != ?", (self.me,)).fetchall():
-            if alive(writer):
-                continue
-            self._add(db, ns, -held, -held)
-            files = LocalStore(f"{self.root}/{ns}")
-            path = journal_path(self.root, writer)
-            for key in journal_keys(path):
-                size = files.size(key)
-                if size is not None and db.execute(
-                        f"INSERT OR IGNORE INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
-                        (ns, key, size, writer, now)).rowcount:
-                    self._add(db, ns, size, 0)
-            db.execute("DELETE FROM writers WHERE writer = ?", (writer,))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
     def stats(self) -> dict[str, int]:
         used, inflight = self._session.read(lambda db: db.execute(
             "SELECT bytes, inflight FROM totals WHERE scope = ?", (self.scope,)).fetchall()[0])
         out = {"pool_bytes": used, "pool_inflight_bytes": inflight,
-               "pool_evictions": self.evicted_blocks, "pool_refused": self.refused}
+               "pool_evictions": self.evicted_blocks, "pool_refused": self.refused,
+               # damaged indexes this process replaced, and those others replaced (.pool_db)
+               "index_rebuilds": self._session.rebuilds,
+               "index_switches": self._session.switches}
         if self.capacity is not None:
             out["pool_capacity_bytes"] = self.capacity
         return out
