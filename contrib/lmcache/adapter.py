@@ -31,16 +31,24 @@ Locks
     The size of a copy is LMCache's layout hint for the key's group, else
     the size the key was stored with here, else read from the block.
 
+Stores
+    A store holds a reference to each of its memory objects until its job
+    completes: LMCache's callers may drop theirs at once, and an object
+    freed before the job read it would be refused as changed.
+
 Usage
-    ``get_usage`` comes from the chain's stats (bytes and capacities its
-    backends report).  The adapter declares no capacity to LMCache
+    ``get_usage`` gives LMCache's figures.  ``total_bytes_used`` and the bytes
+    per ``cache_salt`` (LMCache's per-salt quotas) are LMCache's own count of
+    what the adapter told its listeners: each key's payload bytes once when
+    first stored, taken off when deleted.  ``total_capacity_bytes`` is the sum
+    of the tiers' capacities, the most the chain holds (when no two tiers
+    hold the same block); 0, LMCache's "unknown or unlimited", while a tier
+    has none.  The adapter declares no capacity to LMCache
     (``max_capacity_bytes=0``): the chain's tiers evict by their own policies,
-    and LMCache runs no second, global eviction over them.  Bytes per
-    ``cache_salt`` (LMCache's per-salt quotas) are LMCache's own count of what
-    the adapter told its listeners: each key's payload bytes once when first
-    stored, taken off when deleted.  ``delete`` is synchronous: when it
-    returns the keys are out of the chain, and listeners have heard of the
-    keys that were held.
+    and LMCache runs no second, global eviction over them.  kvtier's figures
+    (framed blocks, one copy per tier) are in ``report_status``.  ``delete``
+    is synchronous: when it returns the keys are out of the chain, and
+    listeners have heard of the keys that were held.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from lmcache.lmcache_native import Bitmap
@@ -154,6 +162,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._handlers: dict[int, Callable[[kvtier.JobResult], None]] = {}
         self._local: deque[Callable[[], None]] = deque()
         self._stores: dict[int, L2StoreResult] = {}
+        self._storing: dict[int, list[MemoryObj]] = {}  # each store's objects, until it is done
         self._lookups: dict[int, Bitmap] = {}
         self._loads: dict[int, Bitmap] = {}
         self._pins: dict[bytes, int] = {}
@@ -196,6 +205,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             ok = len(flags) == len(keys) and len(stored) == len(keys)
             with self._telling:
                 with self._cond:
+                    self._storing.pop(task_id, None)  # read: LMCache's objects are its own again
                     self._counters.stores += 1
                     self._counters.store_failures += not ok
                     self._stores[task_id] = L2StoreResult(ok, sum(sizes[i] for i in stored))
@@ -208,6 +218,8 @@ class KvtierL2Adapter(L2AdapterInterface):
             log.error("kvtier: store task with %d keys and %d objects", len(keys), len(objects))
             self._run_local(lambda: done(None))
             return task_id
+        with self._cond:  # the views below do not keep an object alive: this does
+            self._storing[task_id] = list(objects)
         self._submit(
             lambda: self.chain.submit_put(kv, [_bytes_of(obj) for obj in objects]), done
         )
@@ -471,32 +483,36 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._deferred.difference_update(kv)
 
     def get_usage(self) -> AdapterUsage:
-        """Bytes the chain's backends hold, and their capacity (0 if any tier has none)."""
-        tiers = self.chain.stats()["tiers"]
-        figures = [t.get("backend_stats", {}) for t in tiers]
-        used = sum(int(f.get("used_bytes", 0) or 0) for f in figures)
-        capacities = [f.get("capacity_bytes") for f in figures]
-        known = bool(capacities) and all(isinstance(c, int) and c > 0 for c in capacities)
-        return AdapterUsage(
-            total_bytes_used=used,
-            total_capacity_bytes=sum(int(c) for c in capacities) if known else 0,
-            # LMCache's base class counts what _notify_keys_stored/_deleted told it
-            bytes_by_cache_salt=super().get_usage().bytes_by_cache_salt,
-        )
+        """The bytes of the chunks stored here, once each, and the chain's capacity.
+
+        LMCache's base class counts what ``_notify_keys_stored``/``_deleted``
+        told it; the capacity is :meth:`_capacity`.
+        """
+        return replace(super().get_usage(), total_capacity_bytes=self._capacity())
+
+    def _capacity(self) -> int:
+        """Sum of the tiers' capacities; 0 (unknown or unlimited) while one has none."""
+        capacities = [t.capabilities.capacity for t in self.chain.tiers]
+        bounded = [c for c in capacities if c]  # a tier not open yet declares none either
+        return sum(bounded) if capacities and len(bounded) == len(capacities) else 0
 
     def report_status(self) -> dict[str, Any]:
-        """Health of every tier and the adapter's counters."""
+        """Health, hits and bytes of every tier (framed, each copy), and the adapter's counters."""
         tiers = self.chain.stats()["tiers"]
         with self._cond:
             counters = asdict(self._counters)
             pinned, copied = len(self._pins), self._copied_bytes
+        used = [int(t.get("backend_stats", {}).get("used_bytes", 0) or 0) for t in tiers]
         return {
             "is_healthy": any(t["healthy"] for t in tiers),
             "type": type(self).__name__,
             "tiers": [
-                {k: t.get(k) for k in ("name", "backend", "healthy", "hits", "misses", "corrupt")}
-                for t in tiers
+                {**{k: t.get(k) for k in ("name", "backend", "healthy", "hits", "misses",
+                                          "corrupt")},
+                 "used_bytes": u, "capacity_bytes": tier.capabilities.capacity}
+                for t, u, tier in zip(tiers, used, self.chain.tiers)
             ],
+            "tier_used_bytes": sum(used),
             "pinned_keys": pinned,
             "copied_bytes": copied,
             **counters,
