@@ -2,8 +2,11 @@
 
 The evictor settles it, in its transaction, before it chooses victims: the
 dead process's credit is given back, and the files its journal names that no
-row counts are counted (published by a rename, so whole).  A process is dead
-when its pid is: the sharers of a root share one pid namespace.
+row counts are counted (published by a rename, so whole).  The temporary
+files of the writes it had under way (``.tmp-<pid>-...`` beside the blocks its
+journal names) were counted in its credit until then: they are removed as the
+credit is given back, not left for an open 10 minutes later.  A process is
+dead when its pid is: the sharers of a root share one pid namespace.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from .layout import TMP_PREFIX, listdir
 from .local import LocalStore
 from .sharing import alive, journal_keys, journal_path
 
@@ -32,10 +36,12 @@ def settle_dead(db: sqlite3.Connection, root: str, me: str, add: Add) -> None:
                                        "WHERE writer != ?", (me,)).fetchall():
         if alive(writer):
             continue
-        add(db, ns, -held, -held)
         files = LocalStore(f"{root}/{ns}")
         path = journal_path(root, writer)
-        for key in journal_keys(path):
+        keys = journal_keys(path)
+        drop_temporary(files, keys, writer)
+        add(db, ns, -held, -held)
+        for key in keys:
             size = files.size(key)
             if size is not None and db.execute(
                     f"INSERT OR IGNORE INTO blocks{ROW} VALUES (?, ?, ?, 'S', ?, ?)",
@@ -44,3 +50,18 @@ def settle_dead(db: sqlite3.Connection, root: str, me: str, add: Add) -> None:
         db.execute("DELETE FROM writers WHERE writer = ?", (writer,))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def drop_temporary(files: LocalStore, keys: set[bytes], writer: str) -> int:
+    """Remove the temporary files ``writer`` (dead) left beside the blocks of ``keys``;
+    answer how many.  Its writes were published by a rename: what is left was never
+    a block."""
+    prefix = f"{TMP_PREFIX}{writer.split(':', 1)[0]}-"
+    removed = 0
+    for leaf in {os.path.dirname(files.path(key)) for key in keys}:
+        for entry in listdir(leaf):
+            if entry.name.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
