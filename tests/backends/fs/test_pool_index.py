@@ -105,7 +105,9 @@ def test_a_damaged_index_is_rebuilt_while_two_writers_run(tmp_path: Path, fault:
     root = tmp_path / "pool"
     procs = [writer(root, w, 400) for w in range(2)]
     deadline = time.monotonic() + 120
-    while len(files_on_disk(root)) < 24:  # both at work, the index in use
+    # both at work, the index in use by each (keys w<writer>-<i>)
+    while min(sum(key.startswith(f"w{w}-".encode()) for key in files_on_disk(root))
+              for w in range(2)) < 8:
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
         time.sleep(0.01)
     FAULTS[fault](root)
