@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from kvtier.config.units import format_duration
 from kvtier.plugins.options import describe_value, parse_duration
 
 __all__ = ["LOAD_KEYS", "LOAD_POLICIES", "LoadConfig", "Recompute", "parse_load"]
@@ -57,9 +58,10 @@ class Recompute:
         return lo_s + slope * (tokens - lo_t)
 
     def describe(self) -> str:
+        # as the YAML writes them (no exponent), to six significant digits
         if len(self.points) == 1 and self.points[0][0] == 1:
-            return f"{self.points[0][1] * 1e3:g}ms/token"
-        return ", ".join(f"{t} tokens: {s * 1e3:g}ms" for t, s in self.points)
+            return f"{format_duration(self.points[0][1], 6)}/token"
+        return ", ".join(f"{t} tokens: {format_duration(s, 6)}" for t, s in self.points)
 
 
 @dataclass(frozen=True)

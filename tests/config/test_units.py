@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from kvtier.config.units import format_size, parse_duration, parse_size
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.config.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -64,3 +68,32 @@ def test_format_size() -> None:
         "3.0 MiB",
         "5.0 TiB",
     ]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.72, "720ms"), (3.5, "3.5s"), (3.4999, "3.5s"), (0.0005, "0.5ms"), (0.0, "0ms"),
+     (1e-9, "0.000001ms"), (12345.0, "12300s"), (0.9999, "1000ms"), (2048.0, "2050s")],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1.0])
+def test_format_duration_rejects(bad: float) -> None:
+    with pytest.raises(ValueError):
+        format_duration(bad)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
+       st.integers(1, 17))
+def test_format_duration_reads_back_for_any_time(seconds: float, digits: int) -> None:
+    """Every finite time, denormals to the largest float, parses back within its digits."""
+    text = format_duration(seconds, digits)
+    assert "e" not in text.removesuffix("s").removesuffix("m")  # never an exponent
+    # half a unit of the last digit; a whole one where rounding up passes the largest float
+    units = 0.51 if seconds < 1e307 else 1.0
+    # (and a float's own rounding: parsing multiplies milliseconds by 0.001)
+    rel = max(units * 10 ** (1 - digits), 1e-15)
+    assert parse_duration(text) == pytest.approx(seconds, rel=rel, abs=1e-300)
