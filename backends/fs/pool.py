@@ -113,7 +113,7 @@ class SharedPool:
 
     def _setup(self, db: sqlite3.Connection) -> None:
         self.policy = prepare(db, self._eviction, self.root, self.ns, self.capacity,
-                              self.scope)
+                              self.scope, self.me)
 
     def _rejoin(self, db: sqlite3.Connection) -> None:
         """This process in an index rebuilt from the files (by it or another process): the
@@ -535,21 +535,28 @@ class SharedPool:
             settle_dead(db, self.root, self.me, self._add)  # .pool_dead
             victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
                                  ).fetchall()  # left by an evictor that died
-            if self.policy.stored(db) < need and not victims:
+            if self.policy.stored(db, evictable=True) < need and not victims:
                 return []  # evicting all would not do: refuse, keep what is stored
             victims += self.policy.choose(db, need)
         return victims
 
     def stats(self) -> dict[str, int]:
-        used, inflight = self._session.read(lambda db: db.execute(
-            "SELECT bytes, inflight FROM totals WHERE scope = ?", (self.scope,)).fetchall()[0])
-        out = {"pool_bytes": used, "pool_inflight_bytes": inflight,
+        """The scope's truth from the index (``used_bytes``, ``blocks``), beside this
+        process's own share: its count alone kept every block it wrote or found,
+        whoever evicted it since, and grew without bound.  This process's writes landed
+        get their rows first; other processes' within 50 ms of their last put."""
+        with self._txn() as db:
+            self._flush(db, spare=False)
+            used, inflight, blocks, own_blocks, own_bytes = self.policy.figures(
+                db, self.ns, self.me)
+        out = {"used_bytes": used - inflight, "blocks": blocks, "own_used_bytes": own_bytes,
+               "own_blocks": own_blocks, "pool_bytes": used, "pool_inflight_bytes": inflight,
                "pool_evictions": self.evicted_blocks, "pool_refused": self.refused,
                # damaged indexes this process replaced, and those others replaced (.pool_db)
                "index_rebuilds": self._session.rebuilds,
                "index_switches": self._session.switches}
         if self.capacity is not None:
-            out["pool_capacity_bytes"] = self.capacity
+            out["pool_capacity_bytes"] = out["capacity_bytes"] = self.capacity
         return out
 
 

@@ -31,13 +31,18 @@ processes of that version can still share it.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from kvtier.block.namespace import Namespace
 from kvtier.spec import ConfigError
 
 from ..eviction import S3Fifo
+from .sharing import alive
+
+log = logging.getLogger("kvtier.backends.fs")
 
 __all__ = ["POLICIES", "PoolPolicy", "prepare"]
 
@@ -75,11 +80,23 @@ _SMALL_DIVISOR = S3Fifo.SMALL_DIVISOR
 
 Row = tuple[str, bytes, int]
 
+#: The namespace where a chain records the descriptors of its namespaces (model, dtype,
+#: ...), each under the fingerprint of the namespace it describes:
+#: ``kvtier.chain.catalog.CATALOG`` (a test checks that they agree).
+CATALOG_NS = Namespace(model="kvtier/catalog").hex
+#: A descriptor is no victim while its namespace has blocks, or a process holding it
+#: open (its first blocks may be in flight): without it ``kvtier inspect`` cannot name
+#: their model, and ``kvtier purge --model`` cannot find them.
+_KEPT = (f"NOT (blocks.ns = '{CATALOG_NS}' AND (EXISTS (SELECT 1 FROM blocks AS b "
+         "WHERE b.ns = lower(hex(blocks.key))) OR EXISTS (SELECT 1 FROM writers AS w "
+         "WHERE w.ns = lower(hex(blocks.key)))))")
+
 
 def prepare(db: sqlite3.Connection, eviction: str, root: str, ns: str,
-            capacity: int | None, scope: str) -> PoolPolicy:
+            capacity: int | None, scope: str, me: str) -> PoolPolicy:
     """Create or migrate the index (in a transaction) and answer its policy; refuse a
-    policy other than the one the index records."""
+    policy, or a capacity, other than the one the index records; register ``me`` as
+    a process holding the pool open."""
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
@@ -93,8 +110,45 @@ def prepare(db: sqlite3.Connection, eviction: str, root: str, ns: str,
             "open) to change it", key="eviction")
     if eviction == "s3fifo":
         _add_fifo(db)
+    _one_capacity(db, root, ns, capacity, scope, me)
     db.execute("INSERT OR IGNORE INTO totals VALUES (?, 0, 0)", (ns,))
     return PoolPolicy(eviction, capacity, scope)
+
+
+def _one_capacity(db: sqlite3.Connection, root: str, ns: str, capacity: int | None,
+                  scope: str, me: str) -> None:
+    """Every process holding a scope open bounds it by one capacity: a process asking
+    for another is refused while a live one holds it open (each that takes room would
+    evict down to its own; 2 MiB beside 8 MiB evicted 8,842 blocks for 2,488 puts).
+    With none left, the opener's capacity is recorded: a pool is resized by opening
+    it with the new capacity once every process on it is closed.  Then ``me`` is
+    registered (a ``writers`` row of no credit, deleted at close or once dead)."""
+    name, want = f"capacity:{scope}", capacity or 0  # 0: none, min_free alone
+    recorded = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchall()
+    if recorded and recorded[0][0] != want:
+        mine = "" if scope == "*" else "AND ns = ? "
+        holders = [writer for (writer,) in db.execute(
+            f"SELECT writer FROM writers WHERE writer != ? {mine}ORDER BY writer",
+            (me,) if scope == "*" else (me, scope)) if alive(writer)]
+        what = "the root's" if scope == "*" else f"namespace {scope}'s"
+        if holders:
+            pids = ", ".join(sorted({h.split(":", 1)[0] for h in holders}, key=int))
+            raise ConfigError(
+                f"fs tier {root}: {what} shared pool has capacity {_size(recorded[0][0])}, "
+                f"this process asks for {_size(want)}; every process on a pool must use one "
+                f"capacity: set capacity: {recorded[0][0] or 'unset'}, or, to resize the "
+                f"pool, close the processes holding it open (pids {pids}) and open it with "
+                "the new capacity", key="capacity")
+        log.warning("fs tier %s: %s shared pool resized from %s to %s (no process held it "
+                    "open)", root, what, _size(recorded[0][0]), _size(want))
+    db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, want))
+    db.execute("INSERT OR IGNORE INTO writers VALUES (?, ?, 0)", (me, ns))
+
+
+def _size(value: int) -> str:
+    from kvtier.config.units import format_size  # as sharing's parse_size: no cycle at import
+
+    return "unset" if not value else f"{value} bytes ({format_size(value)})"
 
 
 def _add_fifo(db: sqlite3.Connection) -> None:
@@ -205,7 +259,7 @@ class PoolPolicy:
 
     def _lru(self, db: sqlite3.Connection, need: int) -> list[Row]:
         rows = db.execute(f"SELECT ns, key, size FROM blocks WHERE {self.where}state = 'S' "
-                          "ORDER BY used", self.args)
+                          f"AND {_KEPT} ORDER BY used", self.args)
         victims: list[Row] = []
         total = 0
         for ns, key, size in rows:
@@ -251,14 +305,28 @@ class PoolPolicy:
 
     def _oldest(self, db: sqlite3.Connection, queue: int) -> tuple[str, bytes, int, int] | None:
         row = db.execute(f"SELECT ns, key, size, freq FROM blocks WHERE {self.where}"
-                         "state = 'S' AND queue = ? ORDER BY seq LIMIT 1",
+                         f"state = 'S' AND queue = ? AND {_KEPT} ORDER BY seq LIMIT 1",
                          (*self.args, queue)).fetchall()
         return row[0] if row else None
 
-    def stored(self, db: sqlite3.Connection) -> int:
-        """Bytes of the blocks stored in the scope."""
+    def stored(self, db: sqlite3.Connection, evictable: bool = False) -> int:
+        """Bytes of the blocks stored in the scope (``evictable``: that may be victims)."""
+        kept = f" AND {_KEPT}" if evictable else ""
         return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
-                              "state = 'S'", self.args).fetchall()[0][0])
+                              f"state = 'S'{kept}", self.args).fetchall()[0][0])
+
+    def figures(self, db: sqlite3.Connection, ns: str, writer: str
+                ) -> tuple[int, int, int, int, int]:
+        """The scope's bytes and bytes in flight (``totals``) and blocks; the blocks and
+        bytes of ``ns`` that ``writer`` wrote (or found at open) and the pool holds."""
+        used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
+                                    (self.scope,)).fetchall()[0]
+        blocks = db.execute(f"SELECT COUNT(*) FROM blocks WHERE {self.where}1",
+                            self.args).fetchall()[0][0]
+        own_blocks, own_bytes = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blocks WHERE ns = ? AND writer = ?",
+            (ns, writer)).fetchall()[0]
+        return used, inflight, blocks, own_blocks, own_bytes
 
     def _capacity(self, db: sqlite3.Connection) -> int:
         return self.capacity if self.capacity is not None else self.stored(db)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from kvtier.spec import Option
 
-__all__ = ["DB_NAME", "POOL_OPTIONS", "alive", "journal_keys", "journal_path", "network_fs",
-           "parse_min_free"]
+__all__ = ["DB_NAME", "LEASE_MIN_S", "POOL_OPTIONS", "alive", "journal_keys", "journal_path",
+           "network_fs", "parse_min_free"]
 
 DB_NAME = ".kvtier-pool.db"
 #: Filesystems whose locking SQLite cannot trust, or whose sharers are on other machines.
@@ -29,8 +29,24 @@ NETWORK_FS = frozenset({
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-def _check_min_free(value: str) -> None:
+def _check_min_free(value: str | int) -> None:
     parse_min_free(value)
+
+
+#: The shortest ``pool_lease``: a put waits for the lease, or for the writes of other
+#: processes to land and get their rows (so that they can be evicted), at most this
+#: long.  Those rows are made within ``_STALE_S`` (0.5 s) while their writer puts:
+#: a shorter wait refuses puts that would fit a moment later (0s refused 164-194
+#: puts per writer of four).  Twice that, so that one late flush still fits.
+LEASE_MIN_S = 1.0
+
+
+def _check_lease(value: float) -> None:
+    if value < LEASE_MIN_S:
+        raise ValueError(
+            f"expected at least {LEASE_MIN_S:g}s, got {value:g}s: a put waits this long for "
+            "another process's eviction or writes in flight (their rows come within 0.5s), "
+            "so a shorter lease refuses puts that would fit")
 
 
 def parse_min_free(value: str | int) -> tuple[int, float]:
@@ -72,8 +88,10 @@ POOL_OPTIONS: Mapping[str, Option] = {
     ),
     "pool_lease": Option(
         "duration",
-        "how long the evictor's lease lasts: a dead evictor is replaced within it",
+        "how long the evictor's lease lasts (at least 1s): a dead evictor is replaced "
+        "within it, and a put waits at most this long for room",
         default="10s",
+        check=_check_lease,
     ),
 }
 

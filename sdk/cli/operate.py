@@ -57,6 +57,7 @@ __all__ = [
     "purge_plan",
     "remove",
     "scrub_store",
+    "still_held",
 ]
 
 #: Bytes of blocks read per get call while scrubbing or sampling.
@@ -376,12 +377,15 @@ def scrub_store(store: OperatorStore, entries: Sequence[ScanEntry], *, repair: b
 
 
 def purge_plan(store: OperatorStore, *, model: str | None, namespace: str | None,
-               older_than: float | None, now: float) -> tuple[list[ScanEntry], int, dict[str, Any]]:
+               older_than: float | None, now: float
+               ) -> tuple[list[ScanEntry], int, dict[str, Any], dict[str, int]]:
     """The blocks the selectors match (all given ones must match), and what was left out.
 
     Answers the matching entries, how many blocks ``older_than`` could not
-    judge (the store keeps no time for them), and the descriptors of the
-    namespaces seen.  The catalog is never matched: its descriptors go with
+    judge (the store keeps no time for them), the descriptors of the
+    namespaces seen, and the blocks per namespace that ``model`` could not
+    judge: the other selectors match them, but their namespace has no
+    descriptor.  The catalog is never matched: its descriptors go with
     their namespace when a purge takes the whole namespace (see :func:`remove`).
     """
     entries = [e for e in store.entries() if e.namespace != CATALOG_HEX]
@@ -389,8 +393,12 @@ def purge_plan(store: OperatorStore, *, model: str | None, namespace: str | None
     cutoff = None if older_than is None else now - older_than
     matched: list[ScanEntry] = []
     undated = 0
+    undescribed: Counter[str] = Counter()
     for entry in entries:
         if namespace is not None and entry.namespace != namespace:
+            continue
+        if model is not None and entry.namespace not in descriptors:
+            undescribed[entry.namespace] += 1  # its model is unknown: perhaps this one
             continue
         if model is not None and (descriptors.get(entry.namespace) or {}).get("model") != model:
             continue
@@ -401,7 +409,26 @@ def purge_plan(store: OperatorStore, *, model: str | None, namespace: str | None
             if entry.mtime >= cutoff:
                 continue
         matched.append(entry)
-    return matched, undated, descriptors
+    return matched, undated, descriptors, dict(undescribed)
+
+
+def still_held(store: OperatorStore, entries: Sequence[ScanEntry]) -> list[ScanEntry]:
+    """Those of ``entries`` the store still holds (after a purge: not removed)."""
+    held: list[ScanEntry] = []
+    for ns, group in _by_namespace(entries).items():
+        tier = store.tier(ns)
+        for start in range(0, len(group), EVICT_BATCH):
+            part = group[start : start + EVICT_BATCH]
+            flags = tier.handle.lookup([e.key for e in part])
+            held += [e for e, f in zip(part, flags) if f]
+    return held
+
+
+def _by_namespace(entries: Sequence[ScanEntry]) -> dict[str, list[ScanEntry]]:
+    by_ns: dict[str, list[ScanEntry]] = {}
+    for entry in entries:
+        by_ns.setdefault(entry.namespace, []).append(entry)
+    return by_ns
 
 
 def remove(store: OperatorStore, entries: Sequence[ScanEntry],
@@ -412,9 +439,7 @@ def remove(store: OperatorStore, entries: Sequence[ScanEntry],
     are removed from the catalog too.
     """
     removed = freed = 0
-    by_ns: dict[str, list[ScanEntry]] = {}
-    for entry in entries:
-        by_ns.setdefault(entry.namespace, []).append(entry)
+    by_ns = _by_namespace(entries)
     for ns, group in by_ns.items():
         tier = store.tier(ns)
         for start in range(0, len(group), EVICT_BATCH):

@@ -35,6 +35,7 @@ from kvtier.cli.operate import (
     purge_plan,
     remove,
     scrub_store,
+    still_held,
 )
 from kvtier.cli.output import console
 from kvtier.config.loader import load_config
@@ -340,10 +341,11 @@ def purge_command(config_file: str, tiers: tuple[str, ...], as_json: bool, model
         return
     now = time.time()
     with _stores(config_file, tiers) as stores:
-        plans: list[tuple[OperatorStore, list[ScanEntry], int, dict[str, Any]]] = []
+        plans: list[tuple[OperatorStore, list[ScanEntry], int, dict[str, Any],
+                          dict[str, int]]] = []
         for store in stores:
             if store.skipped is not None or store.failed is not None:
-                plans.append((store, [], 0, {}))
+                plans.append((store, [], 0, {}, {}))
                 continue
             try:
                 plans.append((store, *purge_plan(store, model=model, namespace=namespace,
@@ -362,17 +364,22 @@ def purge_command(config_file: str, tiers: tuple[str, ...], as_json: bool, model
     document = {"config": config_file, "tiers": report,
                 "removed_blocks": sum(r.get("removed_blocks", 0) for r in report),
                 "freed_bytes": sum(r.get("freed_bytes", 0) for r in report)}
-    _emit(as_json, document, lambda c: _purge_tables(c, report, document))
-    sys.exit(FAILED_EXIT if document["failed"] else 0)
+    _emit(as_json, document, lambda c: _purge_tables(c, report, document, model))
+    # blocks it matched and could not remove, or that --model could not judge: not done
+    left = any(r.get("kept") or r.get("undescribed") for r in report)
+    sys.exit(FAILED_EXIT if document["failed"] else 1 if left else 0)
 
 
 def _purge_one(store: OperatorStore, matched: list[ScanEntry], undated: int,
-               descriptors: dict[str, Any], whole: bool) -> dict[str, Any]:
+               descriptors: dict[str, Any], undescribed: dict[str, int],
+               whole: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"tier": store.name, "backend": store.config.backend}
     if _status(store, row):
         return row
     try:
         removed, freed = remove(store, matched, whole_namespaces=whole)
+        # an evict that answered False: gone already, or still held (a fault of its file)
+        kept = still_held(store, matched) if removed < len(matched) else []
     except KvtierError as exc:
         _fail(f"tier {store.name!r}: {exc}")
         raise AssertionError("unreachable") from None
@@ -384,12 +391,14 @@ def _purge_one(store: OperatorStore, matched: list[ScanEntry], undated: int,
         ns["blocks"] += 1
         ns["bytes"] += entry.size
     row.update(namespaces=list(per_ns.values()), removed_blocks=removed, freed_bytes=freed,
-               undated=undated)
+               undated=undated, undescribed=undescribed,
+               kept=[{"namespace": e.namespace, "key": e.key.hex(), "size": e.size}
+                     for e in kept])
     return row
 
 
 def _purge_tables(console: Console, report: list[dict[str, Any]],
-                  document: dict[str, Any]) -> None:
+                  document: dict[str, Any], model: str | None) -> None:
     for row in report:
         title = f"tier {row['tier']} ({row['backend']})"
         if _not_done(row, console):
@@ -406,5 +415,12 @@ def _purge_tables(console: Console, report: list[dict[str, Any]],
                       f"{format_size(row['freed_bytes'])}"
                       + (f"; {row['undated']} block(s) have no stored time and were kept"
                          if row["undated"] else ""))
+        if row["kept"]:
+            console.print(f"error: {len(row['kept'])} block(s) matched could not be removed "
+                          "and are still held; check their files' permissions and the device")
+        for ns, blocks in sorted(row["undescribed"].items()):
+            console.print(f"error: namespace {ns}: {blocks} block(s) kept, its descriptor is "
+                          f"missing, so whether they are model {escape(repr(model))}'s is "
+                          f"unknown; purge them with --namespace {ns}")
     console.print(f"total: removed {document['removed_blocks']} block(s), freed "
                   f"{format_size(document['freed_bytes'])}")

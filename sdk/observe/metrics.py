@@ -12,7 +12,9 @@ server, labelled by namespace and tier.  The figures are read from :meth:`Chain.
 scrape time, so the data path pays nothing for them.  A tier whose backend
 reports online sizing (``sizing_hit_ratio_<m>x``) also has the gauge
 ``kvtier_tier_sizing_hit_ratio`` with a ``scale`` label (``0.5x``, ``1x``,
-``2x``, ``4x``).
+``2x``, ``4x``).  A tier on a store that processes share (the ``fs`` pool) exports
+its whole store's ``kvtier_tier_used_bytes``, and beside it what this process wrote of
+it: ``kvtier_tier_own_used_bytes`` and ``kvtier_tier_own_blocks``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ COUNTERS = (
     ("probes", "probed_blocks", "blocks read only to measure an unmeasured tier's load cost"),
 )
 
+#: Backend stats of a shared store's share written by this process, exported as gauges.
+_OWN = (("own_used_bytes", "bytes this process wrote that the tier's shared store holds"),
+        ("own_blocks", "blocks this process wrote that the tier's shared store holds"))
+
 #: Backend stats of online sizing, one per scale: ``sizing_hit_ratio_0.5x`` ...
 _SIZING = "sizing_hit_ratio_"
 
@@ -94,6 +100,10 @@ class _Exporter:
             "kvtier_tier_healthy", "1 if the tier is in service", labels=labels
         )
         used = GaugeMetricFamily("kvtier_tier_used_bytes", "bytes held by the tier", labels=labels)
+        # a store shared by processes (the fs pool): used_bytes is the whole store's,
+        # these what this process wrote of it
+        own = {key: GaugeMetricFamily(f"kvtier_tier_{key}", text, labels=labels)
+               for key, text in _OWN}
         block_load = GaugeMetricFamily(
             "kvtier_tier_block_load_seconds",
             "expected time to load a usual block of the tier (0.9 quantile; 0 until measured)",
@@ -120,6 +130,9 @@ class _Exporter:
                 used_bytes = tier["backend_stats"].get("used_bytes")
                 if isinstance(used_bytes, (int, float)):
                     used.add_metric(values, used_bytes)
+                for key, gauge in own.items():
+                    if isinstance(mine := tier["backend_stats"].get(key), (int, float)):
+                        gauge.add_metric(values, mine)
                 for op, summary in tier["latency"].items():
                     for q in ("p50", "p99"):
                         latency.add_metric([*values, op, q], summary[f"{q}_s"])
@@ -127,7 +140,7 @@ class _Exporter:
                     if key.startswith(_SIZING):
                         sizing.add_metric([*values, key[len(_SIZING):]], value)
         yield from families.values()
-        yield from (healthy, used, latency, block_load, sizing)
+        yield from (healthy, used, *own.values(), latency, block_load, sizing)
 
 
 _SIZING_LINE = re.compile(r'^kvtier_tier_sizing_hit_ratio\{(.*)\} (\S+)$', re.M)
