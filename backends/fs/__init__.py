@@ -57,7 +57,7 @@ from ..sizing import Sizing
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
 from .faults import BlockFaults
-from .index import load_tree, save_index
+from .index import load_tree, save_or_warn
 from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
 from .open import open_store, redact
@@ -209,27 +209,14 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         # Every block answered True was renamed into place (or piped) before
         # put returned, so nothing is left to flush; just let workers finish.
         try:
-            if isinstance(self._store, LocalStore):
-                self._save_index(keys, sizes, pool)
+            if isinstance(self._store, LocalStore):  # for the next open: spares it a scan
+                save_or_warn(self._store, keys, sizes, self._fsync, self._url,
+                             lambda fn, items: run_batch(pool, self._threads, fn, items))
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
             if isinstance(self._store, PoolStore):
                 self._store.pool.close()
-
-    def _save_index(self, keys: list[bytes], sizes: list[int],
-                    pool: ThreadPoolExecutor | None) -> None:
-        """Leave the index for the next open; a failure only costs that open a full scan."""
-        assert isinstance(self._store, LocalStore)
-
-        def mapper(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-            return run_batch(pool, self._threads, fn, items)
-
-        try:
-            save_index(self._store, keys, sizes, mapper, self._fsync)
-        except OSError as exc:
-            log.warning("fs tier %s: index not saved (%s); the next open scans the tree",
-                        self._url, exc)
 
     def _is_open(self) -> bool:
         return self.is_open

@@ -34,6 +34,7 @@ checksum differs, is ignored and the tree is scanned as before.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import time
@@ -47,7 +48,9 @@ import xxhash
 from .layout import FAN_RE, TMP_PREFIX, Entry, Mapper, Store, listdir, scan_leaf
 from .local import LocalStore
 
-__all__ = ["INDEX_NAME", "leaf_of", "load_index", "load_tree", "save_index"]
+__all__ = ["INDEX_NAME", "leaf_of", "load_index", "load_tree", "save_index", "save_or_warn"]
+
+log = logging.getLogger("kvtier.backends.fs")
 
 INDEX_NAME = "index.kvi"
 _MAGIC = b"KVTI"
@@ -112,6 +115,15 @@ def save_index(store: LocalStore, keys: Sequence[bytes], sizes: Sequence[int],
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def save_or_warn(store: LocalStore, keys: Sequence[bytes], sizes: Sequence[int], fsync: bool,
+                 url: str, mapper: Mapper[Any, Any]) -> None:
+    """:func:`save_index` at close; a failure only costs the next open a full scan: logged."""
+    try:
+        save_index(store, keys, sizes, mapper, fsync)
+    except OSError as exc:
+        log.warning("fs tier %s: index not saved (%s); the next open scans the tree", url, exc)
 
 
 def _parse(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bytes] | None:
