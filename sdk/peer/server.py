@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import math
 import os
 import select
 import signal
@@ -559,6 +560,8 @@ def serve_command(
                 f"reach it could read and write this node's KV cache; give a shared secret "
                 f"with --secret-file PATH or the {SECRET_ENV} environment variable "
                 "(only loopback addresses may go without)")
+        if not math.isfinite(stats_interval):  # NaN passes FloatRange and turns them off
+            raise ConfigError(f"--stats-interval: expected a finite number, got {stats_interval}")
         limit = parse_size(max_payload)
         if not 1 << 16 <= limit <= pp.MAX_U32:
             raise ConfigError(f"--max-payload must be 64KiB to 4GiB-1, got {max_payload}")

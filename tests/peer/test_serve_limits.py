@@ -150,7 +150,12 @@ def test_bad_limits_are_refused(tmp_path: Path) -> None:
     base = ["--config", str(config), "--listen", "127.0.0.1:0"]
     for option, value, message in (("--grace", "soon", "--grace: expected a duration"),
                                    ("--handshake-timeout", "0s",
-                                    "--handshake-timeout must be above 0")):
+                                    "--handshake-timeout must be above 0"),
+                                   ("--grace", "inf", "--grace: expected a duration"),
+                                   ("--stats-interval", "nan",
+                                    "--stats-interval: expected a finite number, got nan"),
+                                   ("--stats-interval", "inf",
+                                    "--stats-interval: expected a finite number, got inf")):
         done = run_serve([*base, option, value])
         assert done.returncode == 2 and message in done.stderr, done.stderr
 
