@@ -121,6 +121,16 @@ def damage(exc: BaseException) -> str | None:
     return None
 
 
+#: What the pool's code raises on a row the schema always has that is missing (a page
+#: lost to truncation reads as empty, without an error of SQLite) or of a wrong type.
+_SILENT = (IndexError, TypeError)
+
+
+def _malformed(exc: BaseException) -> sqlite3.DatabaseError:
+    return sqlite3.DatabaseError(
+        f"database disk image is malformed: a row is missing or wrong ({exc!r})")
+
+
 Ident = tuple[int, int]
 
 
@@ -235,9 +245,11 @@ class IndexSession:
         when_unlocked(lambda: db.execute("BEGIN IMMEDIATE"))
         try:
             body(db)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
+            if isinstance(exc, _SILENT):
+                raise _malformed(exc) from exc
             raise
         db.execute("COMMIT")
 
@@ -338,10 +350,11 @@ class IndexSession:
                     when_unlocked(lambda: db.execute("BEGIN IMMEDIATE"))
                 yield db
                 db.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, *_SILENT) as exc:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
-                raise self._failed(exc) from exc
+                error = exc if isinstance(exc, sqlite3.Error) else _malformed(exc)
+                raise self._failed(error) from exc
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
@@ -381,8 +394,9 @@ class IndexSession:
             db = self._current()
             try:
                 return query(db)
-            except sqlite3.Error as exc:
-                raise self._failed(exc) from exc
+            except (sqlite3.Error, *_SILENT) as exc:
+                error = exc if isinstance(exc, sqlite3.Error) else _malformed(exc)
+                raise self._failed(error) from exc
 
     def close(self) -> None:
         with self.lock:

@@ -8,7 +8,8 @@ report.  Modes:
 
 * ``write``: ``count`` blocks of ``size`` bytes, keys ``w<writer>-<i>``, put
   in batches of 1 to 4 through the backend; after each batch, reads of keys
-  any writer may have put: each is the exact block or a miss.
+  any writer may have put: each is the exact block or a miss.  With ``gate``
+  (a path), it prints ``ready`` once open and starts when that file exists.
 * ``churn``: puts batches of ``batch`` blocks forever (the evictor that gets
   killed); prints ``ready`` once the first batch is stored.
 * ``chain``: a chain of one ``fs`` tier puts ``count`` framed blocks.
@@ -52,6 +53,10 @@ def write_mode(spec: dict[str, Any]) -> dict[str, Any]:
     report = {"stored": 0, "refused": 0, "read_exact": 0, "read_miss": 0, "read_wrong": 0}
     handle = open_backend(spec)
     try:
+        if "gate" in spec:  # all writers open before any puts: they run together
+            print("ready", flush=True)
+            while not os.path.exists(spec["gate"]):
+                time.sleep(0.005)
         i = 0
         while i < count:
             n = min(rng.randint(1, 4), count - i)

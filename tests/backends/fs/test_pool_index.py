@@ -7,6 +7,7 @@ index is damaged under them; no mocks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -81,13 +82,14 @@ def files_on_disk(root: Path) -> dict[bytes, int]:
     for folder, _, names in os.walk(root / NS):
         for name in names:
             if name.endswith(".kvb"):
-                out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
+                with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
+                    out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
     return out
 
 
-def writer(root: Path, w: int, count: int) -> subprocess.Popen[str]:
+def writer(root: Path, w: int, count: int, gate: Path) -> subprocess.Popen[str]:
     spec = {"mode": "write", "url": str(root), "namespace": NS, "size": SIZE, "count": count,
-            "writers": 2, "writer": w, "options": {"capacity": CAP}}
+            "writers": 2, "writer": w, "options": {"capacity": CAP}, "gate": str(gate)}
     return subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -102,8 +104,11 @@ def finish(proc: subprocess.Popen[str]) -> tuple[dict[str, Any], str]:
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_damaged_index_is_rebuilt_while_two_writers_run(tmp_path: Path, fault: str) -> None:
-    root = tmp_path / "pool"
-    procs = [writer(root, w, 400) for w in range(2)]
+    root, gate = tmp_path / "pool", tmp_path / "go"
+    procs = [writer(root, w, 400, gate) for w in range(2)]
+    for proc in procs:  # both have the index open, then both put at once
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    gate.touch()
     deadline = time.monotonic() + 120
     # both at work, the index in use by each (keys w<writer>-<i>)
     while min(sum(key.startswith(f"w{w}-".encode()) for key in files_on_disk(root))
