@@ -8,7 +8,8 @@ from typing import Any, Literal, NamedTuple
 
 __all__ = ["Capabilities", "Option", "OptionType", "ScanEntry"]
 
-OptionType = Literal["str", "int", "float", "bool", "size", "duration", "list", "map"]
+OptionType = Literal["str", "int", "float", "bool", "size", "size_or_percent", "duration",
+                     "list", "map"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class Option:
     ``list``      a list                                      ``list``
     ``map``       a mapping                                   ``dict``
     ============  ==========================================  ===============
+
+    ``size_or_percent`` takes a size as ``size`` does, or a percent such as
+    ``10%``: the backend gets ``int`` bytes, or the percent as a ``str``.
 
     ``help`` is one line shown by ``kvtier backends`` and in errors.
     ``default`` fills an unset option, converted by ``type`` but not passed

@@ -80,8 +80,8 @@ POOL_OPTIONS: Mapping[str, Option] = {
         choices=("namespace", "pool"),
     ),
     "min_free": Option(
-        "str",
-        "local roots: keep this much of the filesystem free (4GiB or 10%): puts evict to "
+        "size_or_percent",
+        "local roots: keep this much of the filesystem free (4GiB, 4096 or 10%): puts evict to "
         "stay above it, and are refused when they cannot",
         default=None,
         check=_check_min_free,

@@ -114,11 +114,13 @@ def finite(value: Any, given: object = None) -> float:
 
 
 _INT_RE = re.compile(r"\s*[+-]?\d+\s*")
+_PERCENT_RE = re.compile(r"\s*\d+(?:\.\d+)?\s*%\s*")
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True,
           "false": False, "no": False, "off": False, "0": False}
 _EXPECTED = {
     "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
     "size": "a size such as 8GiB, 500MB or 4096 (bytes)",
+    "size_or_percent": "a size such as 8GiB, 500MB or 4096 (bytes), or a percent such as 10%",
     "duration": "a duration such as 250ms, 2s or 1m",
     "list": "a list (or one string of comma-separated items)", "map": "a mapping",
 }
@@ -235,6 +237,10 @@ def convert(kind: str, value: Any) -> Any:
         return value if isinstance(value, bool) else _BOOLS[value.strip().lower()]
     if kind in ("size", "duration"):
         return parse_size(value) if kind == "size" else parse_duration(value)
+    if kind == "size_or_percent":
+        if isinstance(value, str) and _PERCENT_RE.fullmatch(value):
+            return str(value).strip()  # the backend reads the share: "10%"
+        return parse_size(value)  # an integer as everywhere a size is read
     if kind == "list" and isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if kind == "list" and isinstance(value, str):

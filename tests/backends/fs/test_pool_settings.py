@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 from fs_blocks import NS
 from fs_pool_child import block, open_backend
 
 import kvtier
 from kvtier.backends.fs.pool import DB_NAME
+from kvtier.cli import cli
 from kvtier.spec import ConfigError
 
 CHILD = Path(__file__).parents[2] / "support" / "fs_pool_child.py"
@@ -177,3 +180,30 @@ def test_the_pool_knows_the_chain_s_catalog() -> None:
     from kvtier.chain.catalog import CATALOG_HEX
 
     assert CATALOG_NS == CATALOG_HEX  # the descriptors it keeps are the chain's
+
+
+@pytest.mark.parametrize(("value", "floor"), [(4096, (4096, 0.0)), ("4KiB", (4096, 0.0)),
+                                              ("10%", (0, 0.1))])
+def test_min_free_takes_a_size_as_every_size_does(tmp_path: Path, value: Any,
+                                                   floor: tuple[int, float]) -> None:
+    path = tmp_path / "tiers.yaml"
+    path.write_text(yaml.safe_dump({"chain": [{"name": "disk", "backend": "fs",
+                                               "url": str(tmp_path / "store"),
+                                               "min_free": value}]}))
+    checked = CliRunner().invoke(cli, ["config", "validate", str(path)])
+    assert checked.exit_code == 0, checked.output
+    namespace = kvtier.Namespace("floor", dtype="bfloat16", tokens_per_block=16)
+    with kvtier.open_chain(str(path), namespace=namespace) as chain:
+        assert chain.put([b"k"], [b"v" * 1024]) == [True]
+        assert chain.tiers[0].handle.instance._store.pool.floor == floor
+
+
+@pytest.mark.parametrize("value", [0, -1, "0%", "100%", True, 1.5, "nan"])
+def test_min_free_refuses_what_is_no_floor(tmp_path: Path, value: Any) -> None:
+    path = tmp_path / "tiers.yaml"
+    path.write_text(yaml.safe_dump({"chain": [{"name": "disk", "backend": "fs",
+                                               "url": str(tmp_path / "store"),
+                                               "min_free": value}]}))
+    checked = CliRunner().invoke(cli, ["config", "validate", str(path)])
+    assert checked.exit_code == 2 and "min_free" in checked.output, checked.output
+    assert "Traceback" not in checked.output
