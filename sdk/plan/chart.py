@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import importlib
+from importlib.util import find_spec
 from pathlib import Path
 
 from .report import Plan
 
-__all__ = ["write_chart"]
+__all__ = ["chart_missing", "write_chart"]
+
+#: Why no chart can be written where matplotlib is missing.
+_MISSING = "matplotlib is not installed (pip install 'kvtier[bench]')"
+
+
+def chart_missing() -> str | None:
+    """Why ``--chart`` cannot write a chart here (checked before a replay), else None."""
+    return None if find_spec("matplotlib") is not None else _MISSING
 
 
 def write_chart(plan: Plan, path: str | Path) -> str | None:
@@ -16,7 +25,7 @@ def write_chart(plan: Plan, path: str | Path) -> str | None:
         importlib.import_module("matplotlib").use("Agg")
         plt = importlib.import_module("matplotlib.pyplot")
     except ImportError:
-        return "matplotlib is not installed (pip install 'kvtier[bench]'): no chart written"
+        return f"{_MISSING}: no chart written"
     caps = [plan.scale(c) for c in plan.capacities]
     refs = plan.ceiling.references or 1
     fig, (hits, writes) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import click
@@ -12,10 +13,19 @@ from rich.table import Table
 
 from kvtier.backends.eviction import EVICTION_POLICIES
 from kvtier.chain.admission import sample_problem
-from kvtier.plugins.options import parse_size
 
 from .below import BELOW_EVICTIONS, BelowPoint, replay_below
 from .chart import write_chart
+from .checks import (
+    BadInput,
+    FiniteFloat,
+    Size,
+    check_endpoint,
+    check_unused,
+    check_writable,
+    given,
+    parse_generate,
+)
 from .fleet import ROUTERS, FleetPoint, replay_fleet
 from .report import default_capacities, describe, make_plan, recommend
 from .trace import BLOCK_TOKENS, Trace, generate, read_trace, write_mooncake
@@ -51,18 +61,39 @@ class Admission(click.ParamType[tuple[int, float]]):
 
 def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
     if generated:
-        kind, _, rest = generated.partition(":")
-        count, _, seed = rest.partition(":")
+        kind, count, seed = parse_generate(generated)
         try:
-            return generate(kind, int(count or 1000), int(seed or 0), block_tokens)
+            return generate(kind, count, seed, block_tokens)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--generate") from None
     if not trace:
         raise click.UsageError("give a TRACE file or --generate KIND:REQUESTS[:SEED]")
     try:
-        return read_trace(trace, block_tokens)
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        loaded = read_trace(trace, block_tokens)
+    except OSError as exc:
+        raise BadInput(f"{trace}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if not loaded.references:
+        raise BadInput(f"{trace}: no requests with blocks to replay")
+    return loaded
+
+
+def _ram_blocks(ram: int | None, trace: Trace, block_bytes: int) -> int | None:
+    """The RAM budget in blocks of the trace, never above the budget once scaled back."""
+    if ram is None:
+        return None
+    full = ram // block_bytes
+    if full < 1:
+        raise click.BadParameter(f"{ram:,} bytes is less than one block of {block_bytes:,} "
+                                 f"bytes ({trace.block_tokens} tokens x --bytes-per-token)",
+                                 param_hint="--ram")
+    blocks = int(full * trace.sample)  # down: scaled back, the plan's RAM stays within it
+    if blocks < 1:
+        raise click.BadParameter(f"{full:,} blocks is less than one block of the trace, "
+                                 f"which holds a sample of {trace.sample:g} of the traffic",
+                                 param_hint="--ram")
+    return blocks
 
 
 @click.command("plan")
@@ -73,13 +104,16 @@ def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
               help="Write the trace as Mooncake JSONL.")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(EVICTION_POLICIES),
               help="Policies to replay (repeat; default: all of the host tier's).")
-@click.option("--capacity", "capacities", multiple=True, type=int,
-              help="Capacity in blocks (repeat; default: 8 from 1% to 100% of unique blocks).")
-@click.option("--ram", help="RAM budget for the recommended chain, e.g. 64GiB.")
+@click.option("--capacity", "capacities", multiple=True, type=click.IntRange(min=1),
+              help="Capacity in blocks of the trace (repeat; default: 8 from 1% to 100% of "
+                   "unique blocks).")
+@click.option("--ram", type=Size(), help="RAM budget for the recommended chain, e.g. 64GiB.")
 @click.option("--block-tokens", default=BLOCK_TOKENS, show_default=True,
-              help="Tokens per block (Mooncake traces: 512).")
+              type=click.IntRange(min=1),
+              help="Tokens per block of a Mooncake trace or --generate (a recording and an "
+                   "event log name their own).")
 @click.option("--bytes-per-token", default=DEFAULT_BYTES_PER_TOKEN, show_default=True,
-              help="KV bytes per token (default: Llama-3.1-8B, bf16).")
+              type=click.IntRange(min=1), help="KV bytes per token (default: Llama-3.1-8B, bf16).")
 @click.option("--belady/--no-belady", default=True, show_default=True,
               help="Compute Belady's bound at each capacity.")
 @click.option("--below", type=click.IntRange(min=1), metavar="BLOCKS",
@@ -103,7 +137,7 @@ def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
                    "local tier (--below), sharing one pool (--pool).")
 @click.option("--router", type=click.Choice(ROUTERS), default="round-robin", show_default=True,
               help="With --engines: how requests are sent to engines.")
-@click.option("--balance", type=click.FloatRange(min=0), default=0.0, metavar="FACTOR",
+@click.option("--balance", type=FiniteFloat(), default=0.0, metavar="FACTOR",
               help="With --engines: an engine that has served FACTOR times its share of the "
                    "requests so far is skipped by sticky and prefix routers (0: no bound).")
 @click.option("--pool", "pools", multiple=True, type=click.IntRange(min=0), metavar="BLOCKS",
@@ -113,7 +147,7 @@ def _load(trace: str | None, generated: str | None, block_tokens: int) -> Trace:
 @click.option("--chart", type=click.Path(dir_okay=False), help="Write the curves as a PNG.")
 def plan_command(
     trace: str | None, generated: str | None, save_trace: str | None, policies: tuple[str, ...],
-    capacities: tuple[int, ...], ram: str | None, block_tokens: int, bytes_per_token: int,
+    capacities: tuple[int, ...], ram: int | None, block_tokens: int, bytes_per_token: int,
     belady: bool, below: int | None, below_evictions: tuple[str, ...],
     admits: tuple[tuple[int, float], ...], write: str | None, engines: int | None, router: str,
     balance: float, pools: tuple[int, ...], as_json: bool, chart: str | None,
@@ -126,18 +160,24 @@ def plan_command(
     the infinite-cache ceiling, Belady's bound, prefill tokens saved, blocks
     written below RAM, and a chain as YAML.
     """
+    ctx = click.get_current_context()
+    check_writable("--save-trace", save_trace)
+    check_writable("--chart", chart)
+    check_unused(ctx)
+    if 0 < balance < 1:
+        raise click.BadParameter("0 (no bound) or at least 1", param_hint="--balance")
     loaded = _load(trace, generated, block_tokens)
-    if save_trace:
-        write_mooncake(loaded, save_trace)
+    if given(ctx, "block_tokens") and loaded.block_tokens != block_tokens:
+        raise BadInput(f"--block-tokens has no effect: {trace} names its own "
+                       f"({loaded.block_tokens} tokens a block)")
     block_bytes = loaded.block_tokens * bytes_per_token
-    ram_blocks = None
-    if ram:
-        ram_blocks = max(1, round(parse_size(ram) // block_bytes * loaded.sample))
+    ram_blocks = _ram_blocks(ram, loaded, block_bytes)
+    if save_trace:
+        try:
+            write_mooncake(loaded, save_trace)
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="--save-trace") from None
     if engines:
-        if chart or admits:
-            raise click.UsageError("--engines prints tables or --json: no --chart or --admit")
-        if 0 < balance < 1:
-            raise click.BadParameter("0 (no bound) or at least 1", param_hint="--balance")
         fleet_caps = list(capacities) or [ram_blocks or max(1, loaded.unique_blocks // 100)]
         _fleet(loaded, (engines, router, balance), policies or ("lru",), fleet_caps, below or 0,
                list(pools) or default_capacities(loaded.unique_blocks), write or "through",
@@ -155,16 +195,21 @@ def plan_command(
     plan.below = rows
     if as_json:
         click.echo(json.dumps({**plan.to_json(), "seconds": round(seconds, 3),
-                               "below": [_named({**asdict(r), "prefix_ratio": r.prefix_ratio,
+                               "below": [_named({**asdict(r), "ram_full": plan.scale(r.ram),
+                                                  "below_full": plan.scale(r.below),
+                                                  "prefix_ratio": r.prefix_ratio,
                                                   "never_read_share": r.never_read_share},
                                                 below_evictions) for r in rows]}, indent=1))
     else:
         _print(plan, seconds)
         if rows:
-            _print_below(rows, policy, bool(below_evictions))
+            _print_below(rows, policy, bool(below_evictions), plan.scale)
     if chart:
-        why = write_chart(plan, chart)
-        click.echo(why or f"chart: {chart}", err=bool(why))
+        try:
+            why = write_chart(plan, chart)
+        except OSError as exc:  # checked before the replay; the folder went away since
+            raise click.ClickException(f"--chart: {exc}") from None
+        click.echo(why or f"chart: {chart}", err=bool(why) or as_json)  # stdout: JSON only
 
 
 def _named(row: dict[str, object], below_evictions: tuple[str, ...]) -> dict[str, object]:
@@ -213,17 +258,18 @@ def _print(plan: object, seconds: float) -> None:
     out.print(escape(recommend(plan)), highlight=False)
 
 
-def _print_below(rows: list[BelowPoint], policy: str, named: bool) -> None:
+def _print_below(rows: list[BelowPoint], policy: str, named: bool,
+                 scale: Callable[[int], int]) -> None:
     from kvtier.cli.output import console
 
-    table = Table(title=f"RAM ({policy}) over {rows[0].below:,} blocks below, "
-                        f"write: {rows[0].write}, by admit")
+    table = Table(title=f"RAM ({policy}) over {scale(rows[0].below):,} blocks below, "
+                        f"write: {rows[0].write}, by admit (blocks of the full traffic)")
     for column in ("RAM blocks", "admit", *(["below evicts"] if named else []),
                    "prefix hit ratio", "from RAM", "from below", "written below",
                    "never read below"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(f"{r.ram:,}", r.admission, *([r.below_eviction] if named else []),
+        table.add_row(f"{scale(r.ram):,}", r.admission, *([r.below_eviction] if named else []),
                       f"{r.prefix_ratio:.1%}", f"{r.from_ram:,}", f"{r.from_below:,}",
                       f"{r.written_below:,}", f"{r.never_read:,} ({r.never_read_share:.0%})")
     console().print(table)
@@ -312,19 +358,24 @@ def _gib(nbytes: int) -> str:
 @click.option("--replay-endpoint", help="vLLM's replay endpoint: fetch the batches it buffers.")
 @click.option("--bind", is_flag=True, help="Bind the endpoint (vLLM set to connect to it).")
 @click.option("--batches", type=click.IntRange(min=1), help="Stop after this many batches.")
-@click.option("--seconds", type=click.FloatRange(min=0), help="Stop after this long.")
+@click.option("--seconds", type=FiniteFloat(), help="Stop after this long.")
 def record_events_command(endpoint: str, out: str, topic: str, replay_endpoint: str | None,
                           bind: bool, batches: int | None, seconds: float | None) -> None:
     """Record vLLM's KV-cache events as JSONL that kvtier plan reads (block hashes, no prompts).
 
     Runs until --batches, --seconds or Ctrl-C.
     """
-    from .events import record_events
+    from .events import RecordError, record_events
 
+    check_endpoint("--endpoint", endpoint)
+    check_endpoint("--replay-endpoint", replay_endpoint)
+    check_writable("--out", out)
     try:
         stats = record_events(endpoint, out, topic=topic, replay=replay_endpoint, bind=bind,
                               batches=batches, seconds=seconds)
     except ImportError:
         raise click.ClickException("pyzmq is not installed (pip install pyzmq)") from None
+    except RecordError as exc:
+        raise BadInput(str(exc)) from None
     click.echo(f"{out}: {stats.batches:,} batches, {stats.events:,} events; "
                f"{stats.skipped:,} undecodable, {stats.missed:,} missed (sequence gaps)")

@@ -39,7 +39,7 @@ import msgpack
 
 from .trace import Request, Trace
 
-__all__ = ["RecordStats", "decode_batch", "events_trace", "record_events"]
+__all__ = ["RecordError", "RecordStats", "decode_batch", "events_trace", "record_events"]
 
 _MASK = (1 << 64) - 1
 #: vLLM's replay socket ends its answer with this sequence number.
@@ -100,6 +100,10 @@ def decode_batch(payload: bytes, seq: int) -> tuple[dict[str, Any] | None, int]:
     return {"t": float(raw[0]), "seq": seq, "rank": rank, "events": kept}, len(events) - len(kept)
 
 
+class RecordError(ValueError):
+    """An endpoint the recorder cannot connect to or bind, or a log it cannot open."""
+
+
 @dataclass
 class RecordStats:
     batches: int = 0
@@ -141,18 +145,30 @@ def record_events(
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-    (sub.bind if bind else sub.connect)(endpoint)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        (sub.bind if bind else sub.connect)(endpoint)
+    except (zmq.ZMQError, UnicodeError) as exc:
+        sub.close(linger=0)
+        raise RecordError(f"--endpoint {endpoint}: {exc}") from None
     stats = RecordStats()
     deadline = None if seconds is None else time.monotonic() + seconds
     last: int | None = None
     try:
-        with Path(path).open("a", encoding="utf-8") as out:
+        try:
+            log = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (closed by the with)
+        except OSError as exc:
+            raise RecordError(f"--out {path}: {exc.strerror or exc}") from None
+        with log as out:
             out.write(json.dumps({"kvtier_events": 1, "endpoint": endpoint, "topic": topic})
                       + "\n")
             if replay:
                 dealer = ctx.socket(zmq.DEALER)
-                dealer.connect(replay)
+                try:
+                    dealer.connect(replay)
+                except zmq.ZMQError as exc:
+                    dealer.close(linger=0)
+                    raise RecordError(f"--replay-endpoint {replay}: {exc}") from None
                 dealer.send_multipart([b"", (0).to_bytes(8, "big")])
                 while dealer.poll(5000):
                     frames = dealer.recv_multipart()

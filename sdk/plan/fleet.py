@@ -141,7 +141,8 @@ def _route(router: str, engines: list[_Engine], r: int, request: Request,
     n = len(engines)
     if router == "round-robin":
         return engines[r % n]
-    full = math.ceil(balance * (r + 1) / n) if balance else r + 1  # r + 1: never reached
+    # r + 1: never reached; a balance of n or more never binds, so it is computed as n
+    full = math.ceil(min(balance, n) * (r + 1) / n) if balance else r + 1
     if router == "sticky":
         first = sticky_engine(request, n)
         return next(e for i in range(n) if (e := engines[(first + i) % n]).counts[0] < full)
@@ -162,7 +163,7 @@ def replay_fleet(
     """Replay ``trace`` across ``engines`` engines sharing a pool of ``pool`` blocks."""
     if engines < 1 or ram < 1 or local < 0 or pool < 0:
         raise ValueError("a fleet needs at least one engine and RAM of at least one block")
-    if balance and balance < 1:
+    if not math.isfinite(balance) or (balance and balance < 1):
         raise ValueError(f"balance is 0 (no bound) or at least 1, not {balance}")
     if router not in ROUTERS:
         raise ValueError(f"unknown router {router!r}: {', '.join(ROUTERS)}")

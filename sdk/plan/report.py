@@ -95,10 +95,13 @@ def make_plan(
     return Plan(info, block_bytes, caps, ceiling, curves, hits, ram_blocks)
 
 
-def _size(nbytes: int) -> str:
+def _size(nbytes: int, most: int | None = None) -> str:
+    """``nbytes`` in the largest unit that holds it rounded up (never below the plan), and
+    not above ``most`` (a budget) where one is given."""
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if nbytes >= scale:
-            return f"{-(-nbytes // scale)}{unit}"  # rounded up: never below the plan
+        rounded = -(-nbytes // scale)
+        if nbytes >= scale and (most is None or rounded * scale <= most):
+            return f"{rounded}{unit}"
     return str(nbytes)
 
 
@@ -147,7 +150,9 @@ def recommend(plan: Plan) -> str:
     smallest capacity whose LRU keeps 95% of them (the fs tier evicts LRU by default;
     it gets ``eviction: s3fifo`` where :func:`disk_eviction` says so of the --below
     replays, and the admission :func:`disk_admission` finds in them at the RAM chosen).
-    The chain's two tiers together are treated as one cache of the larger size.
+    The chain's two tiers together are treated as one cache of the larger size; an fs
+    tier whose figure is no more than RAM's alone is left out.  RAM's capacity stays
+    within the budget where one was given.
     """
     ceiling = plan.ceiling.prefix_hits
     caps, ram_blocks = plan.capacities, plan.ram_blocks
@@ -164,15 +169,19 @@ def recommend(plan: Plan) -> str:
             ram_i = i
             break
     policy, ram = best_at(ram_i)
+    budget = None if ram_blocks is None else plan.scale(ram_blocks) * plan.block_bytes
     tiers: list[dict[str, Any]] = [{
         "name": "ram", "backend": "host", "eviction": policy,
-        "capacity": _size(plan.scale(ram.capacity) * plan.block_bytes),
+        "capacity": _size(plan.scale(ram.capacity) * plan.block_bytes, budget),
     }]
     note = f"# ram: {ram.prefix_ratio:.1%} of blocks served from RAM ({policy})"
     lru = plan.curves.get("lru")
     admitted = ""
     disk = next((p for p in lru or [] if p.prefix_hits >= DISK_SHARE * ceiling), None)
-    if disk is not None and disk.capacity > ram.capacity:
+    if disk is not None and disk.capacity > ram.capacity and disk.prefix_hits <= ram.prefix_hits:
+        note += f"; no disk: LRU's {_size(plan.scale(disk.capacity) * plan.block_bytes)} " \
+                f"serves {disk.prefix_ratio:.1%}, no more than RAM"
+    elif disk is not None and disk.capacity > ram.capacity:
         evicts = disk_eviction(plan.below)
         tiers.append({"name": "disk", "backend": "fs", "url": "file:///var/cache/kvtier",
                       "capacity": _size(plan.scale(disk.capacity) * plan.block_bytes),

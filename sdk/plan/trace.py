@@ -33,6 +33,8 @@ __all__ = ["BLOCK_TOKENS", "Request", "Trace", "generate", "read_trace", "write_
 
 #: Tokens per block in the Mooncake traces.
 BLOCK_TOKENS = 512
+#: Recorded keys are 64-bit hashes; a sample keeps those below its share of this space.
+_HASH_SPACE = 1 << 64
 #: Fields of a Mooncake-style line that name its conversation (the sticky router's key).
 SESSION_FIELDS = ("session_id", "conversation_id")
 
@@ -64,12 +66,28 @@ class Trace:
         return len({key for r in self.requests for key in r.keys})
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number plan reads")
+
+
+def _integers(values: Any, what: str) -> tuple[int, ...]:
+    """Block hashes: a list of integers (a float, even a whole one, is refused, not cut)."""
+    if not isinstance(values, list):
+        raise ValueError(f"{what} needs a list of integer block hashes")
+    for value in values:
+        if type(value) is not int:
+            raise ValueError(f"{what} holds integer block hashes, got {json.dumps(value)}")
+    return tuple(values)
+
+
 def _mooncake_request(row: dict[str, Any], block_tokens: int) -> Request:
-    keys = tuple(int(h) for h in row["hash_ids"])
+    keys = _integers(row.get("hash_ids"), "a Mooncake line's hash_ids")
     session = next((row[name] for name in SESSION_FIELDS if row.get(name) is not None), None)
     session = None if session is None else str(session)
     length = row.get("input_length")
-    if not isinstance(length, int) or length <= 0:
+    if length is not None and (type(length) is not int or length < 0):
+        raise ValueError(f"input_length is a count of tokens, got {json.dumps(length)}")
+    if not length:
         return Request(keys, (block_tokens,) * len(keys), session)
     tokens = tuple(
         max(0, min(block_tokens, length - i * block_tokens)) for i in range(len(keys))
@@ -83,23 +101,35 @@ def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_constant=_no_constant)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not JSON: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{number}: expected a JSON object")
             yield number, row
 
 
 def read_trace(path: str | Path, block_tokens: int = BLOCK_TOKENS) -> Trace:
-    """Read a Mooncake JSONL trace or a kvtier recording (told apart by its header)."""
+    """Read a Mooncake JSONL trace or a kvtier recording (told apart by its header).
+
+    Raises ``ValueError`` naming the file and line of anything it cannot read.
+    """
     path = Path(path)
+    try:
+        return _read(path, block_tokens)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+
+
+def _read(path: Path, block_tokens: int) -> Trace:
     rows = _lines(path)
     first = next(rows, None)
     if first is None:
         return Trace([], block_tokens, source=str(path))
     if "kvtier_trace" in first[1]:
-        return _recorded(path, first[1], rows)
+        return _recorded(path, [first, *rows], block_tokens)
     if "kvtier_events" in first[1]:
         from .events import events_trace  # it imports this module
 
@@ -109,27 +139,61 @@ def read_trace(path: str | Path, block_tokens: int = BLOCK_TOKENS) -> Trace:
             raise ValueError(f"{path}:{exc}") from None
     requests = []
     for number, row in [first, *rows]:
-        if not isinstance(row.get("hash_ids"), list):
-            raise ValueError(f"{path}:{number}: a Mooncake line needs a hash_ids list")
-        requests.append(_mooncake_request(row, block_tokens))
+        try:
+            requests.append(_mooncake_request(row, block_tokens))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
     return Trace(requests, block_tokens, source=str(path))
 
 
-def _recorded(
-    path: Path, head: dict[str, Any], rows: Iterable[tuple[int, dict[str, Any]]]
-) -> Trace:
-    block_tokens = int(head.get("block_tokens") or 0) or BLOCK_TOKENS
+def _header(head: dict[str, Any], block_tokens: int) -> tuple[float, int]:
+    """A recording header's sample and tokens per block (0 or none: ``block_tokens``)."""
+    sample, tokens = head.get("sample", 1.0), head.get("block_tokens")
+    if type(sample) not in (int, float) or not 0 < sample <= 1:
+        raise ValueError(f"a recording's sample is a share above 0 and at most 1, "
+                         f"got {json.dumps(sample)}")
+    if tokens is not None and (type(tokens) is not int or tokens < 0):
+        raise ValueError(f"a recording's block_tokens is a count of tokens, "
+                         f"got {json.dumps(tokens)}")
+    return float(sample), tokens or block_tokens
+
+
+def _recorded(path: Path, rows: Iterable[tuple[int, dict[str, Any]]],
+              block_tokens: int) -> Trace:
+    """A recording, each run appended to the file read with its own header.
+
+    Runs recorded at different samples are read at the lowest: sampling keeps
+    a call whose first key falls below the sample of the hash space, so the
+    calls of a higher sample that a lower one keeps are the ones it would
+    have kept.
+    """
     by_op: dict[str, list[Request]] = {"lookup": [], "get": [], "put": []}
+    tokens, first_header = block_tokens, 0
+    samples: set[float] = set()
     for number, row in rows:
-        if "kvtier_trace" in row:
-            continue  # the header of a later run appending to the file
-        keys = row.get("keys")
-        if row.get("op") not in by_op or not isinstance(keys, list):
-            raise ValueError(f"{path}:{number}: a recorded line needs an op and a keys list")
-        by_op[row["op"]].append(Request(tuple(int(k) for k in keys), (block_tokens,) * len(keys)))
+        try:
+            if "kvtier_trace" in row:  # the header of this run (a restart appends one)
+                sample, run_tokens = _header(row, block_tokens)
+                if first_header and run_tokens != tokens:
+                    raise ValueError(f"this run's blocks hold {run_tokens} tokens, "
+                                     f"the first run's (line {first_header}) {tokens}: "
+                                     "plan one at a time")
+                tokens, first_header = run_tokens, first_header or number
+                samples.add(sample)
+                continue
+            op = row.get("op")
+            if op not in by_op:
+                raise ValueError("a recorded line needs an op: lookup, get or put")
+            keys = _integers(row.get("keys"), "a recorded line's keys")
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
+        by_op[op].append(Request(keys, (tokens,) * len(keys)))
     requests = by_op["lookup"] or by_op["get"] or by_op["put"]
-    sample = float(head.get("sample", 1.0))
-    return Trace(requests, block_tokens, sample=sample, source=str(path))
+    lowest = min(samples, default=1.0)
+    if len(samples) > 1:
+        limit = int(lowest * _HASH_SPACE)  # as kvtier.chain.record keeps a call
+        requests = [r for r in requests if r.keys and r.keys[0] < limit]
+    return Trace(requests, tokens, sample=lowest, source=str(path))
 
 
 def write_mooncake(trace: Trace, path: str | Path) -> None:

@@ -31,9 +31,9 @@ def test_a_bad_line_is_an_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"hash_ids": [1]}\n{"hash_ids": 3}\n')
     result = CliRunner().invoke(cli, ["plan", str(path)])
-    assert result.exit_code == 1 and f"{path}:2: a Mooncake line needs a hash_ids list" in (
-        result.output
-    )
+    assert result.exit_code == 2 and (
+        f"Error: {path}:2: a Mooncake line's hash_ids needs a list of integer block hashes\n"
+    ) == result.output
 
 
 def test_a_recording_uses_its_lookups_as_requests(tmp_path: Path) -> None:
@@ -84,13 +84,15 @@ def test_plan_table_and_chart_note(tmp_path: Path) -> None:
         "plan", "--generate", "scan:200:1", "--policy", "lru", "--ram", "1GiB",
         "--chart", str(chart),
     ])
-    assert result.exit_code == 0, result.output
-    assert "infinite" in result.output and "recommended chain:" in result.output
     try:
         import matplotlib  # noqa: F401
-    except ImportError:
-        assert "matplotlib is not installed" in result.output and not chart.exists()
+    except ImportError:  # refused before the replay: the option would have no effect
+        assert result.exit_code == 2, result.output
+        assert "Error: --chart has no effect: matplotlib is not installed" in result.output
+        assert not chart.exists()
     else:
+        assert result.exit_code == 0, result.output
+        assert "infinite" in result.output and "recommended chain:" in result.output
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
