@@ -149,7 +149,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             self._raise(exc, "scan")
         if isinstance(store, PoolStore):  # before the ledger's adopt: it has no capacity
             store.pool.adopt(found[0], store)
-            self._ledger.capacity = None  # the pool's, for every process together
+            # the pool's, for every process together; this index only answers lookups
+            self._ledger.capacity, self._ledger.bound = None, store.pool.capacity
         self._eviction = options["eviction"]
         self._adopt(*found)
         self._sizing.start(store.pool.capacity if isinstance(store, PoolStore)

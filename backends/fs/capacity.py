@@ -58,6 +58,10 @@ class Ledger:
         self.evictions = 0
         self.evicted_bytes = 0
         self.found_on_disk = 0
+        # with the capacity counted elsewhere (the fs pool, whose other processes evict
+        # this namespace's blocks unseen): the most bytes the index keeps, the oldest
+        # forgotten past it; those on disk still, a lookup or a get finds again
+        self.bound: int | None = None
 
     def adopt(self, index: OrderedDict[bytes, int], eviction: str = "lru") -> None:
         """Start from ``index``, as found on disk at open, entering it in that order."""
@@ -77,6 +81,10 @@ class Ledger:
             self.used += size
             if self.policy is not None:
                 self._enter(key, size)
+            while self.bound is not None and self.used > self.bound and len(self.index) > 1:
+                # not all of it can be on disk: else it grew without bound, an entry for
+                # every block this process stored or found, whoever evicted it since
+                self._drop(next(iter(self.index)))
 
     def use(self, key: bytes) -> None:
         """A use of ``key``, which the index holds."""

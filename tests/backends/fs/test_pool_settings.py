@@ -67,6 +67,14 @@ def test_figures_are_the_pool_s_beside_the_process_s_own_share(tmp_path: Path) -
             assert list(tier.put([key], [block(key, size)], [])) == [True]
         stats = tier.stats()
         own = tier.instance._store.pool.me
+        # this process's own index of the namespace keeps no more than the pool can hold
+        # (it kept an entry for every block it ever stored), and forgets nothing it needs
+        ledger = tier.instance._ledger
+        assert ledger.used <= cap and len(ledger.index) <= cap // size
+        held = files_on_disk(root, NS)
+        assert list(tier.lookup(list(held))) == [True] * len(held)
+        for key, data in zip(held, tier.get(list(held)), strict=True):
+            assert data is not None and bytes(data) == block(key, size)
     finally:
         tier.close()
     held = {ns: files_on_disk(root, ns) for ns in (NS, OTHER_NS)}
