@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from kvtier.config.loader import TierConfig
     from kvtier.plugins.registry import BackendRegistry
 
-__all__ = ["CATALOG", "CATALOG_HEX", "describe", "read_descriptors", "record"]
+__all__ = ["CATALOG", "CATALOG_HEX", "describe", "read_descriptors", "record", "record_opened"]
 
 log = logging.getLogger("kvtier.chain.catalog")
 
@@ -82,6 +82,13 @@ def record(config: TierConfig, registry: BackendRegistry, namespace: Namespace) 
         log.info("tier %r: namespace descriptor not recorded: %r", config.name, exc)
     finally:
         tier.close()
+
+
+def record_opened(tier: Tier, registry: BackendRegistry) -> None:
+    """:func:`record` for a chain's tier whose backend opened (at the chain's open, or later):
+    so that operators' tools can say which model a namespace of a persistent tier is."""
+    if tier.capabilities.persistent:
+        record(tier.config, registry, tier.namespace)
 
 
 def open_catalog(config: TierConfig, registry: BackendRegistry) -> Tier:

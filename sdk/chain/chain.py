@@ -22,6 +22,7 @@ close) are the traffic's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -88,11 +89,11 @@ class Chain:
         try:
             for tier_config in config.tiers:
                 tier = Tier(tier_config, registry.create(tier_config.backend), namespace)
-                tier.open()
+                # a tier whose backend cannot open starts failed and is retried,
+                # unless it is required (kvtier.chain.health)
+                tier.open(functools.partial(registry.create, tier_config.backend),
+                          functools.partial(catalog.record_opened, tier, registry))
                 self.tiers.append(tier)
-                if tier.capabilities.persistent:
-                    # so that operators' tools can say which model a namespace is
-                    catalog.record(tier_config, registry, namespace)
         except BaseException:
             for tier in self.tiers:
                 tier.close()

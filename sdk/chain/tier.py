@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.block import framing
 from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
+from kvtier.chain.health import Health, Reopen, close_quietly
 from kvtier.observe.stats import TierStats
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import (
+    BackendError,
     BytesLike,
     Capabilities,
     ClosedError,
@@ -39,36 +40,8 @@ log = logging.getLogger("kvtier.chain.tier")
 Evicted = list[tuple[bytes, BytesLike]]
 T = TypeVar("T")
 
-_BACKOFF_FIRST = 0.5
-_BACKOFF_MAX = 30.0
 #: Bytes per get_into call to an in-process backend, see :meth:`Tier._cache_sized`.
 _CACHE_BATCH = 4 << 20
-
-
-class _Health:
-    """Circuit breaker: after a fault the tier is skipped for a growing while."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.down_until = 0.0
-        self.backoff = 0.0
-        self.last_error = ""
-
-    def available(self) -> bool:
-        return time.monotonic() >= self.down_until
-
-    def fault(self, error: str) -> float:
-        with self.lock:
-            self.backoff = min(_BACKOFF_MAX, self.backoff * 2 or _BACKOFF_FIRST)
-            self.down_until = time.monotonic() + self.backoff
-            self.last_error = error
-            return self.backoff
-
-    def ok(self) -> None:
-        if self.backoff:
-            with self.lock:
-                self.backoff = 0.0
-                self.down_until = 0.0
 
 
 class Tier:
@@ -87,25 +60,59 @@ class Tier:
         self.stats = TierStats()
         # Two breakers: a failed store (disk full, quota) must not take the
         # tier's reads down with it, while an unreachable tier fails both.
-        self.health = _Health()
-        self.write_health = _Health()
+        self.health = Health()
+        self.write_health = Health()
         self.capabilities = Capabilities()
         self._serial: threading.Lock | None = None
         self._sizes_logged: set[tuple[int, int]] = set()  # see _wrong_size
         self._in_process = False
         self._closed = False
+        self._reopen: Reopen | None = None  # set while the backend has not opened
+        self._open_lock = threading.Lock()  # installing a late-opened backend, or closing
 
     # lifecycle ----------------------------------------------------------------
-    def open(self) -> None:
+    def open(self, retry: Callable[[], BackendHandle] | None = None,
+             opened: Callable[[], None] | None = None) -> None:
+        """Open the backend, then call ``opened``.
+
+        A :class:`~kvtier.spec.ConfigError` raises.  So does any other fault,
+        unless ``retry`` makes fresh backends (a chain's tier) and the tier is
+        not ``required``: then the tier starts failed and is opened again
+        later (:class:`~kvtier.chain.health.Reopen`, which calls ``opened``).
+        """
         try:
             self.handle.open(self.config.options, self.namespace.hex)
         except ConfigError as exc:
             raise self._config_error(exc) from exc
-        self.capabilities = self.handle.capabilities()
-        self._in_process = not (self.capabilities.persistent or self.capabilities.shared)
-        if not self.capabilities.thread_safe:
+        except Exception as exc:
+            if retry is None or self.config.required:
+                raise
+            self._reopen = Reopen(self, exc, retry, opened)
+            self._reopen.start()
+            return
+        self._install(self.handle)
+        if opened is not None:
+            opened()
+
+    def _install(self, handle: BackendHandle) -> None:
+        capabilities = handle.capabilities()
+        self._in_process = not (capabilities.persistent or capabilities.shared)
+        if not capabilities.thread_safe:
             # the contract promises such backends one call at a time
             self._serial = threading.Lock()
+        self.capabilities = capabilities
+        self.handle = handle
+
+    def adopt(self, handle: BackendHandle) -> bool:
+        """Serve from ``handle``, opened late; False where the tier closed meanwhile."""
+        with self._open_lock:
+            if self._closed:
+                return False
+            failed = self.handle
+            self._install(handle)
+            self._reopen = None  # last: calls see the new backend from here on
+        close_quietly(failed)
+        return True
 
     def _config_error(self, exc: ConfigError) -> ConfigError:
         """``exc`` (an option the backend refused at open) naming the tier, its entry and line."""
@@ -117,18 +124,25 @@ class Tier:
         return ConfigError(f"{exc.reason} (tier {self.name!r})", where=where, key=key)
 
     def close(self) -> None:
-        if not self._closed:
+        with self._open_lock:
+            if self._closed:
+                return
             self._closed = True
+            reopen, self._reopen = self._reopen, None
+        if reopen is None:
             self.handle.close()
+        else:  # never opened: its close must not raise either; an attempt under way
+            reopen.stop()  # closes what it opens (adopt answers False)
+            close_quietly(self.handle)
 
     @property
     def healthy(self) -> bool:
         """Taking reads and writes; see :attr:`readable` for reads alone."""
-        return self.health.available() and self.write_health.available()
+        return self.readable and self.write_health.available()
 
     @property
     def readable(self) -> bool:
-        return self.health.available()
+        return self._reopen is None and self.health.available()
 
     def _call(self, op: str, fn: Callable[[], T], n: int) -> T | None:
         """Run a backend call; a fault trips a breaker and answers None.
@@ -140,8 +154,8 @@ class Tier:
         if self._closed:
             raise ClosedError(f"tier {self.name!r} is closed")
         breaker = self.write_health if op == "put" else self.health
-        if not (breaker.available() and self.health.available()):
-            return None
+        if self._reopen is not None or not (breaker.available() and self.health.available()):
+            return None  # not open yet, or backed off
         try:
             with self.stats.timed(op):
                 if self._serial is None:
@@ -563,6 +577,8 @@ class Tier:
         """
         if self._closed:
             raise ClosedError(f"tier {self.name!r} is closed")
+        if self._reopen is not None:
+            raise BackendError(f"tier {self.name!r} has not opened: {self.health.last_error}")
         return self.handle.scan(namespace)
 
     def snapshot(self) -> dict[str, Any]:
@@ -575,7 +591,9 @@ class Tier:
         if last_error:
             out["last_error"] = last_error
         try:
-            out["backend_stats"] = dict(self.handle.stats()) if not self._closed else {}
+            live = not self._closed and self._reopen is None
+            out["backend_stats"] = dict(self.handle.stats()) if live else {}
         except Exception as exc:  # stats must never take a caller down
             out["backend_stats"] = {"error": repr(exc)}
         return out
+

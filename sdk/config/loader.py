@@ -91,6 +91,9 @@ class TierConfig:
     admit: int = field(default=1, metadata=_tier_key("int"))
     #: Besides, the share of prompt lineages whose blocks are written here at first sight.
     admit_sample: float = field(default=0.0, metadata=_tier_key("float"))
+    #: Whether the chain fails to open where this tier's backend cannot open;
+    #: otherwise the tier starts failed and is retried (:mod:`kvtier.chain.health`).
+    required: bool = field(default=False, metadata=_tier_key("bool"))
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()

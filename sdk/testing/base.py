@@ -387,7 +387,9 @@ class KitBase:
     def open_chain(self) -> Chain:
         """A one-tier chain over this backend, in the test's namespace (closed at teardown)."""
         registry, name = resolve_backend(self.backend)
-        config = {"chain": [{"name": "kit", "backend": name, **self.raw_options}]}
+        # required: a backend that cannot open fails here, not as misses later
+        config = {"chain": [{"name": "kit", "backend": name, "required": True,
+                             **self.raw_options}]}
         chain = open_chain(config, namespace=Namespace.from_hex(self.namespace), registry=registry)
         self._chains.append(chain)
         return chain

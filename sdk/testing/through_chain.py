@@ -138,6 +138,7 @@ class ChainOfOne(ChainAsBackend):
 
     def _open(self, options: Mapping[str, Any], namespace: Namespace) -> tuple[Chain, bool]:
         registry, name = resolve_backend(options["tier_backend"])
-        tier = {**options["tier_options"], "name": "tier", "backend": name}
+        # required: a tier that cannot open fails this open, as a backend's would
+        tier = {"required": True, **options["tier_options"], "name": "tier", "backend": name}
         chain = open_chain({"chain": [tier]}, namespace=namespace, registry=registry)
         return chain, chain.tiers[0].capabilities.persistent

@@ -309,7 +309,7 @@ class Switchable:
 
 
 def test_failing_tier_becomes_misses_and_recovers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvtier.chain.tier as tier_module
+    import kvtier.chain.health as tier_module
     from kvtier.backends.host import HostBackend
 
     monkeypatch.setattr(tier_module, "_BACKOFF_FIRST", 0.05)

@@ -305,7 +305,50 @@ class OfflineAtFirst:
         return [self.blocks.pop(k, None) is not None for k in keys]
 
 
-def test_tier_starts_without_unreachable_storage_and_connects_later(tmp_path: Path) -> None:
+def test_ram_tier_serves_while_a_tier_below_cannot_open_and_that_tier_opens_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_offload.base import LookupResult
+
+    import kvtier.chain.health
+    from kvtier.contrib.vllm.tier import KvtierTier
+    from kvtier.plugins.registry import default_registry
+
+    monkeypatch.setattr(kvtier.chain.health, "_BACKOFF_MAX", 0.2)  # retried soon once online
+    default_registry().register("vllm-test-offline", OfflineAtFirst)
+    config = write_yaml(tmp_path / "t.yaml", [host_tier(),
+                                              {"name": "far", "backend": "vllm-test-offline"}])
+    region = np.ones((4, ROW), np.uint8)
+    tier = KvtierTier(spec(), memoryview(region), "KvtierTier", config=str(config),
+                      keep_host_tier=True)
+    try:
+        key = b"o" * 36
+        assert resolve(tier, [key]) == [LookupResult.MISS]
+        tier.submit_store(job(1, [key], [0], False))
+        assert finish(tier, {1})[1].success  # the RAM tier took it: the chain opened
+        assert resolve(tier, [key]) == [LookupResult.HIT]
+        ram, far = tier.chain_stats()["tiers"]
+        assert ram["healthy"] and not far["healthy"] and "connection refused" in far["last_error"]
+        assert far["puts"] == 0 and far["failed"] == 1  # written through: skipped, counted
+        OfflineAtFirst.online.set()
+        deadline = time.monotonic() + 10
+        while not tier.chain_stats()["tiers"][1]["healthy"]:  # reopened in the background
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        other = b"p" * 36
+        tier.submit_store(job(2, [other], [1], False))
+        assert finish(tier, {2})[2].success
+        tier.chain.flush()
+        assert tier.chain_stats()["tiers"][1]["puts"] == 1  # the far tier takes writes now
+    finally:
+        tier.shutdown()
+        OfflineAtFirst.online.clear()
+
+
+def test_tier_starts_without_a_required_unreachable_tier_and_connects_later(
+    tmp_path: Path,
+) -> None:
     pytest.importorskip("vllm")
     from vllm.v1.kv_offload.base import LookupResult
 
@@ -313,8 +356,8 @@ def test_tier_starts_without_unreachable_storage_and_connects_later(tmp_path: Pa
     from kvtier.plugins.registry import default_registry
 
     default_registry().register("vllm-test-offline", OfflineAtFirst)
-    config = write_yaml(tmp_path / "t.yaml", [host_tier(),
-                                              {"name": "far", "backend": "vllm-test-offline"}])
+    config = write_yaml(tmp_path / "t.yaml", [
+        host_tier(), {"name": "far", "backend": "vllm-test-offline", "required": True}])
     region = np.ones((4, ROW), np.uint8)
     tier = KvtierTier(spec(), memoryview(region), "KvtierTier", config=str(config),
                       reopen_interval=0.0)
@@ -322,7 +365,7 @@ def test_tier_starts_without_unreachable_storage_and_connects_later(tmp_path: Pa
         key = b"o" * 36
         assert resolve(tier, [key]) == [LookupResult.MISS]  # no exception, only misses
         tier.submit_store(job(1, [key], [0], False))
-        assert not finish(tier, {1})[1].success
+        assert not finish(tier, {1})[1].success  # no chain: a required tier did not open
         OfflineAtFirst.online.set()
         deadline = time.monotonic() + 10
         while not tier.chain_stats()["tiers"]:  # reopened from on_schedule_end

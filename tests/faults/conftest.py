@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from faultkit import Report
 
 import kvtier.backends.peer.wire as peer_wire
-import kvtier.chain.tier as tier_module
+import kvtier.chain.health as tier_module
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 import kvtier
-import kvtier.chain.tier as tier_module
+import kvtier.chain.health as tier_module
 from kvtier.block import framing
 from kvtier.chain.catalog import CATALOG_HEX
 from kvtier.spec import CorruptBlockError

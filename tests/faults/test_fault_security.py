@@ -143,14 +143,19 @@ def test_secrets_never_logged_or_shown(tmp_path: Path, caplog: pytest.LogCapture
             chain.put([b"k2"], [b"v"])
             read_exact(chain, [b"k"], [1])
             shown.append(repr(chain.stats()))
+        required = load_config({"chain": [{**tier, "required": True}]})
         with pytest.raises(kvtier.spec.BackendError) as refused:  # open on a dead server
-            kvtier.open_chain(config, namespace="secrets")
+            kvtier.open_chain(required, namespace="secrets")
         shown.append(str(refused.value))
+        with kvtier.open_chain(config, namespace="secrets") as started:  # starts failed
+            shown.append(repr(started.stats()))
         server.start()
         wrong = {**tier, "secret_access_key": secret[::-1]}  # refused by the server
         with pytest.raises(kvtier.spec.BackendError) as denied:
-            kvtier.open_chain({"chain": [wrong]}, namespace="secrets")
+            kvtier.open_chain({"chain": [{**wrong, "required": True}]}, namespace="secrets")
         shown.append(str(denied.value))
+        with kvtier.open_chain({"chain": [wrong]}, namespace="secrets") as started:
+            shown.append(repr(started.stats()))
     finally:
         server.kill()
     for bad in ({"secret_access_key": ["not", secret]}, {"access_key_id": {"x": secret}}):

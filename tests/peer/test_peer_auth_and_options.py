@@ -27,10 +27,15 @@ def test_secret_right_one_works_wrong_or_none_refused(
     with PeerServer(tmp_path / "s", secret=SECRET) as srv, \
             chain_of(registry, peer_tier(srv, secret=SECRET)) as good:
         assert good.put([key(1)], [block(1, 500)]) == [True]
+        # required: the refusal fails the open (by default the tier starts failed)
         with pytest.raises(BackendError, match=r"authentication failed") as wrong:
-            chain_of(registry, peer_tier(srv, secret="not the secret"))
+            chain_of(registry, peer_tier(srv, secret="not the secret", required=True))
         with pytest.raises(BackendError, match=r"requires authentication") as none:
-            chain_of(registry, peer_tier(srv))
+            chain_of(registry, peer_tier(srv, required=True))
+        with chain_of(registry, peer_tier(srv, secret="not the secret")) as started:
+            (tier,) = started.stats()["tiers"]
+            assert not tier["healthy"] and "authentication failed" in tier["last_error"]
+            assert read(started, [key(1)], [500]) == [None]  # a miss, not an error
         for exc in (wrong, none):
             assert srv.address in str(exc.value) and SECRET not in str(exc.value)
         assert read(good, [key(1)], [500]) == [block(1, 500)]  # others still served
@@ -43,7 +48,7 @@ def test_client_with_secret_refuses_a_server_without_one(
     server: PeerServer, registry: BackendRegistry
 ) -> None:
     with pytest.raises(BackendError, match=r"does not authenticate"):
-        chain_of(registry, peer_tier(server, secret=SECRET))
+        chain_of(registry, peer_tier(server, secret=SECRET, required=True))
 
 
 def test_secret_file_is_accepted(tmp_path: Path, registry: BackendRegistry) -> None:
@@ -82,7 +87,7 @@ def test_protocol_version_mismatch_is_a_clear_error(
     # and a client of another version says so at open, naming the peer
     monkeypatch.setattr(pp, "PROTOCOL_VERSION", 2)
     with pytest.raises(BackendError, match=r"server speaks protocol 1, this client 2") as exc:
-        chain_of(registry, peer_tier(server))
+        chain_of(registry, peer_tier(server, required=True))
     assert server.address in str(exc.value)
 
 

@@ -15,7 +15,7 @@ from peer_chain import NS, backend_of, block, chain_of, key, peer_tier, read
 from peer_server import PeerServer
 
 import kvtier.backends.peer.wire as peer_wire
-import kvtier.chain.tier as tier_module
+import kvtier.chain.health as tier_module
 from kvtier import Namespace
 from kvtier.block.framing import Codec, encode
 from kvtier.peer import protocol as pp

@@ -16,7 +16,7 @@ import pytest
 from seaweed import SeaweedServer
 
 import kvtier
-import kvtier.chain.tier
+import kvtier.chain.health
 from kvtier import Namespace, open_chain
 from kvtier.backends import object as object_module
 from kvtier.backends.object import ObjectBackend
@@ -314,7 +314,7 @@ def test_wrong_credentials_fail_at_open(s3_server: SeaweedServer, bucket: str) -
     unknown = options(s3_server, bucket, access_key_id="nobody", secret_access_key=wrong)
     with pytest.raises(BackendError, match="refused the credentials"):
         registry().create("object").open(unknown, NS)
-    cfg = {"chain": [{"name": "s3", "backend": "object", **unknown}]}
+    cfg = {"chain": [{"name": "s3", "backend": "object", "required": True, **unknown}]}
     with pytest.raises(BackendError, match="refused the credentials"):
         open_chain(cfg, namespace=CHAIN_NS, registry=registry())
 
@@ -356,7 +356,7 @@ def own_server(tmp_path: Path) -> Iterator[SeaweedServer]:
 def test_chain_survives_the_server_dying_and_recovers(
     own_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kvtier.chain.tier, "_BACKOFF_FIRST", 0.05)
+    monkeypatch.setattr(kvtier.chain.health, "_BACKOFF_FIRST", 0.05)
     bucket = own_server.make_bucket("kvt-faults")
     cfg = {
         "chain": [
