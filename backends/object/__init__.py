@@ -36,6 +36,7 @@ holds the presence cache and the capacity's index.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -169,8 +170,10 @@ class ObjectBackend(Tamper, Scan):
         self._root = f"{prefix}/{namespace}" if prefix else namespace
         self._prefix = prefix
         shown = endpoint or f"AWS S3 ({options['region']})"
+        keys = all(options[k] or os.environ.get(f"AWS_{k.upper()}")
+                   for k in ("access_key_id", "secret_access_key"))
         self._bucket = Bucket(bucket, shown, f"s3://{bucket}/{prefix} at {shown}",
-                              tuple(s for s in (options["secret_access_key"],) if s))
+                              tuple(s for s in (options["secret_access_key"],) if s), keys)
         self._cache.ttl, self._capacity = options["lookup_cache_ttl"], options["capacity"]
         self._max_age, self._scan_interval = options["max_age"], options["scan_interval"]
         self._eviction = options["eviction"]

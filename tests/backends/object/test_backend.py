@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import subprocess
 import sys
 import textwrap
@@ -317,6 +318,28 @@ def test_wrong_credentials_fail_at_open(s3_server: SeaweedServer, bucket: str) -
     cfg = {"chain": [{"name": "s3", "backend": "object", "required": True, **unknown}]}
     with pytest.raises(BackendError, match="refused the credentials"):
         open_chain(cfg, namespace=CHAIN_NS, registry=registry())
+
+
+def test_no_credentials_says_none_were_found(
+    s3_server: SeaweedServer, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    # the instance metadata service obstore asks next: one on a port that refuses,
+    # so that the test means the same on a cloud machine that has one
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{port}")
+    none = options(s3_server, bucket, access_key_id=None, secret_access_key=None)
+    with pytest.raises(BackendError) as info:
+        registry().create("object").open(none, NS)
+    message = str(info.value)
+    assert "no credentials found" in message and "refused the credentials" not in message
+    assert bucket in message and s3_server.endpoint in message
+    assert "access_key_id" in message and "AWS_ACCESS_KEY_ID" in message
 
 
 def test_missing_bucket_is_named(s3_server: SeaweedServer) -> None:
