@@ -237,7 +237,7 @@ def events_trace(rows: Iterable[tuple[int, dict[str, Any]]], source: str = "",
             continue  # the header of a later recording appended to the file
         for event in _stored(number, row, medium):
             hashes: list[int] = event["block_hashes"]
-            parent: int | None = event["parent_block_hash"]
+            parent: int | None = event.get("parent_block_hash")
             block_tokens = block_tokens or event["block_size"]
             index = tails.pop(parent, None) if parent is not None else None
             if index is None:

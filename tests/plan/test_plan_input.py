@@ -253,3 +253,15 @@ def test_a_balance_above_the_engines_is_no_bound() -> None:
     huge = json.loads(result.output)["fleet"]
     assert [p["per_engine"] for p in huge] == [p["per_engine"] for p in free]
     assert huge[0]["balance"] == 1e308
+
+
+def test_an_event_without_a_parent_starts_a_request(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    stored = [{"type": "BlockStored", "block_hashes": [1, 2], "block_size": 16},
+              {"type": "BlockStored", "block_hashes": [1, 2, 3], "block_size": 16}]
+    path.write_text(json.dumps({"kvtier_events": 1}) + "\n"
+                    + json.dumps({"t": 0, "seq": 0, "events": stored}) + "\n")
+    assert [r.keys for r in read_trace(path).requests] == [(1, 2), (1, 2, 3)]
+    result = plan(str(path), "--policy", "lru", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["ceiling"]["prefix_hits"] == 2
