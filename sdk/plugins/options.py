@@ -46,6 +46,12 @@ _SIZE_UNITS = {
     "mib": 1024**2,
     "gib": 1024**3,
     "tib": 1024**4,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "e": 1000**6,
+    "eb": 1000**6,
+    "pib": 1024**5,
+    "eib": 1024**6,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -56,8 +62,8 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)\s*$")
 def parse_size(value: object) -> int:
     """Bytes from an ``int`` or a string like ``8GiB``, ``1.5 GB``, ``4096``.
 
-    Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB,
-    MB, GB, TB, and single letters) powers of 1000.  Raises ``ValueError``
+    Binary units (KiB, MiB, GiB, TiB, PiB, EiB) are powers of 1024, decimal
+    ones (KB, MB, GB, TB, PB, EB, and single letters) powers of 1000.  Raises ``ValueError``
     with the accepted forms for anything else, including negative sizes.
     """
     if isinstance(value, bool):

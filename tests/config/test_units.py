@@ -25,13 +25,16 @@ from kvtier.config.units import format_duration, format_size, parse_duration, pa
         ("1TiB", 1 << 40),
         ("3b", 3),
         ("7kib", 7168),
+        ("2PiB", 2 << 50),
+        ("1EiB", 1 << 60),
+        ("3PB", 3 * 1000**5),
     ],
 )
 def test_parse_size(text: object, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", [-1, "-1GiB", "8 gigs", "GiB", "", True, 1.5, None, "1e3"])
+@pytest.mark.parametrize("bad", [-1, "-1GiB", "8 gigs", "GiB", "", True, 1.5, None, "1e3", "1ZiB"])
 def test_parse_size_rejects(bad: object) -> None:
     with pytest.raises(ValueError, match="size"):
         parse_size(bad)

@@ -50,7 +50,7 @@ def trace(tmp_path: Path) -> Path:
     (["--capacity", "0"], "--capacity"),
     (["--capacity", "-3"], "--capacity"),
     (["--ram", "banana"], "--ram"),
-    (["--ram", "1EiB"], "--ram"),  # not a unit kvtier's sizes take
+    (["--ram", "1ZiB"], "--ram"),  # not a unit kvtier's sizes take
     (["--ram", "1MiB"], "--ram"),  # less than one 64 MiB block: was a 64 MiB RAM tier
     (["--bytes-per-token", "0"], "--bytes-per-token"),
     (["--block-tokens", "0"], "--block-tokens"),
