@@ -58,6 +58,7 @@ _STALE_S = 0.5  # ... and one putting from its credit at least this often
 _CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
 _CREDIT_SHARE = 16  # ... and at most this fraction of the capacity
 _JOURNAL_MAX = 1 << 16  # a process's journal is emptied once it is longer
+_COUNT_S = 1.0  # stats count the index's rows at most this often, and at most 1% of the time
 
 
 #: Deletes the victims' files; answers, per victim, whether its file is gone.
@@ -92,6 +93,7 @@ class SharedPool:
         self._journal_fd = -1
         self._journaled = 0  # bytes appended since the journal was last emptied
         self._last_put = self._flushed = 0.0
+        self._counted = (-1e9, 0.0, (0, 0, 0))  # stats: when, its cost, (blocks, own, bytes)
         self._lock = threading.Lock()  # the credit's; never held during I/O
         self._evicting = threading.Lock()
         self._eviction = eviction
@@ -543,14 +545,18 @@ class SharedPool:
     def stats(self) -> dict[str, int]:
         """The scope's truth from the index (``used_bytes``, ``blocks``), beside this
         process's own share: its count alone kept every block it wrote or found,
-        whoever evicted it since, and grew without bound.  This process's writes landed
-        get their rows first; other processes' within 50 ms of their last put."""
-        with self._txn() as db:
-            self._flush(db, spare=False)
-            used, inflight, blocks, own_blocks, own_bytes = self.policy.figures(
-                db, self.ns, self.me)
-        out = {"used_bytes": used - inflight, "blocks": blocks, "own_used_bytes": own_bytes,
-               "own_blocks": own_blocks, "pool_bytes": used, "pool_inflight_bytes": inflight,
+        whoever evicted it since, and grew without bound.  Other processes' writes are
+        counted once they have their rows, within 50 ms of their last put; the blocks
+        and the own share are counted at most once a second (:meth:`_figures`)."""
+        try:
+            used, inflight, stored, (blocks, own_blocks, own_bytes) = self._session.read(
+                self._figures)
+        except IndexReplaced:  # counted again in the new index: read that one
+            used, inflight, stored, (blocks, own_blocks, own_bytes) = self._session.read(
+                self._figures)
+        out = {"used_bytes": used - inflight + stored, "blocks": blocks,
+               "own_used_bytes": own_bytes, "own_blocks": own_blocks,
+               "pool_bytes": used, "pool_inflight_bytes": inflight,
                "pool_evictions": self.evicted_blocks, "pool_refused": self.refused,
                # damaged indexes this process replaced, and those others replaced (.pool_db)
                "index_rebuilds": self._session.rebuilds,
@@ -558,6 +564,26 @@ class SharedPool:
         if self.capacity is not None:
             out["pool_capacity_bytes"] = out["capacity_bytes"] = self.capacity
         return out
+
+    def _figures(self, db: sqlite3.Connection) -> tuple[int, int, int, tuple[int, int, int]]:
+        """For :meth:`stats`, outside a transaction (no lock of the index; the session's
+        held, so no flush runs meanwhile): the scope's bytes and bytes in flight, the
+        bytes of this process's writes landed that have no row yet (counted in flight
+        until then), and the blocks, own blocks and own bytes, this process's landed
+        writes included.  Those are counted (:meth:`.PoolPolicy.figures`, a scan that
+        stats read by an engine at every step would repeat) at most every
+        :data:`_COUNT_S`, or 100 times as long as counting took."""
+        used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
+                                    (self.scope,)).fetchall()[0]
+        with self._lock:
+            landed, stored = len(self.landed), sum(size for _, size, _ in self.landed)
+        now = time.monotonic()
+        when, cost, counts = self._counted
+        if now - when > max(_COUNT_S, 100 * cost):
+            blocks, own_blocks, own_bytes = self.policy.figures(db, self.ns, self.me)
+            counts = blocks + landed, own_blocks + landed, own_bytes + stored
+            self._counted = now, time.monotonic() - now, counts
+        return used, inflight, stored, counts
 
 
 def attach(store: Any, options: Mapping[str, Any], namespace: str) -> Any:

@@ -315,18 +315,15 @@ class PoolPolicy:
         return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
                               f"state = 'S'{kept}", self.args).fetchall()[0][0])
 
-    def figures(self, db: sqlite3.Connection, ns: str, writer: str
-                ) -> tuple[int, int, int, int, int]:
-        """The scope's bytes and bytes in flight (``totals``) and blocks; the blocks and
-        bytes of ``ns`` that ``writer`` wrote (or found at open) and the pool holds."""
-        used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
-                                    (self.scope,)).fetchall()[0]
+    def figures(self, db: sqlite3.Connection, ns: str, writer: str) -> tuple[int, int, int]:
+        """The scope's blocks; the blocks and bytes of ``ns`` that ``writer`` wrote (or
+        found at open) and the pool holds."""
         blocks = db.execute(f"SELECT COUNT(*) FROM blocks WHERE {self.where}1",
                             self.args).fetchall()[0][0]
         own_blocks, own_bytes = db.execute(
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM blocks WHERE ns = ? AND writer = ?",
             (ns, writer)).fetchall()[0]
-        return used, inflight, blocks, own_blocks, own_bytes
+        return blocks, own_blocks, own_bytes
 
     def _capacity(self, db: sqlite3.Connection) -> int:
         return self.capacity if self.capacity is not None else self.stored(db)
