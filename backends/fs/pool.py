@@ -58,7 +58,8 @@ _STALE_S = 0.5  # ... and one putting from its credit at least this often
 _CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
 _CREDIT_SHARE = 16  # ... and at most this fraction of the capacity
 _JOURNAL_MAX = 1 << 16  # a process's journal is emptied once it is longer
-_COUNT_S = 1.0  # stats count the index's rows at most this often, and at most 1% of the time
+_COUNT_S = 1.0  # stats count the index's rows at most this often, and at most 1% of the time,
+_CHEAP_S = 1e-3  # ... unless the last count took less than this: then at every call
 
 
 #: Deletes the victims' files; answers, per victim, whether its file is gone.
@@ -571,15 +572,16 @@ class SharedPool:
         bytes of this process's writes landed that have no row yet (counted in flight
         until then), and the blocks, own blocks and own bytes, this process's landed
         writes included.  Those are counted (:meth:`.PoolPolicy.figures`, a scan that
-        stats read by an engine at every step would repeat) at most every
-        :data:`_COUNT_S`, or 100 times as long as counting took."""
+        stats read by an engine at every step would repeat) at every call while a count
+        takes less than :data:`_CHEAP_S` (an index of thousands of rows), else at most
+        every :data:`_COUNT_S`, or 100 times as long as counting took."""
         used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
                                     (self.scope,)).fetchall()[0]
         with self._lock:
             landed, stored = len(self.landed), sum(size for _, size, _ in self.landed)
         now = time.monotonic()
         when, cost, counts = self._counted
-        if now - when > max(_COUNT_S, 100 * cost):
+        if cost < _CHEAP_S or now - when > max(_COUNT_S, 100 * cost):
             blocks, own_blocks, own_bytes = self.policy.figures(db, self.ns, self.me)
             counts = blocks + landed, own_blocks + landed, own_bytes + stored
             self._counted = now, time.monotonic() - now, counts
