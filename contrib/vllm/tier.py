@@ -27,9 +27,12 @@ and when vLLM stores the recomputed chunk, any block still held for the key
 is evicted first and then replaced (a tier skips a put of a key it holds;
 one that failed its checks was dropped when it was read).
 A backend that fails at run time is skipped by the chain (misses, retried
-after a back-off); one whose storage is unreachable when vLLM starts leaves
-the tier empty until a later attempt (every ``reopen_interval`` seconds)
-opens the chain.  No storage fault reaches vLLM as an exception.
+after a back-off); so is one whose storage is unreachable when vLLM starts:
+the chain opens with that tier failed, its other tiers serve, and the tier
+is opened in the background once it can be (:mod:`kvtier.chain.health`).
+A chain that fails to open as a whole (a ``required`` tier down) leaves
+this tier empty until a later attempt (every ``reopen_interval`` seconds)
+opens it.  No storage fault reaches vLLM as an exception.
 
 Keys and namespace (:mod:`.keys`).  vLLM's ``OffloadKey`` is used as
 the kvtier key (its digest when over a kvtier key's 64 bytes), and every block

@@ -45,9 +45,11 @@ class TierOptions:
     ``job_workers``
         Threads running the chain's asynchronous jobs (8).
     ``reopen_interval``
-        A chain whose storage is unreachable at start-up (a backend's open
-        fails with an I/O error) does not stop vLLM: the tier holds nothing
-        and tries to open the chain again every this many seconds (30).
+        A chain that fails to open at start-up (a ``required`` tier whose
+        backend's open fails with an I/O error) does not stop vLLM: the tier
+        holds nothing and tries to open the chain again every this many
+        seconds (30).  A tier that is not required opens failed instead,
+        and the chain retries it alone while its other tiers serve.
     ``locality``
         ``LOCAL`` or ``REMOTE``, passed on to vLLM (default: unset).
     ``load_timeout``

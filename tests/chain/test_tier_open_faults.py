@@ -138,6 +138,7 @@ def test_object_tier_opens_once_its_server_comes_up_and_takes_blocks(
     with open_chain(config, namespace="open-faults-late") as chain:
         early = [key(i) for i in range(4)]
         assert chain.put(early, [payload(i) for i in range(4)]) == [True] * 4
+        down_server.repick_taken_ports()
         down_server.start()
         down_server.make_bucket("kvt-late")
         wait_for(lambda: tier_stats(chain, "s3")["healthy"], "the object tier opened")
@@ -173,6 +174,7 @@ def test_write_back_tier_above_keeps_what_it_holds_and_saves_it_once_the_tier_op
         s3 = tier_stats(chain, "s3")
         assert s3["puts"] == 0 and s3["failed"] == n - len(kept)  # demotions skipped, counted
         assert tier_stats(chain, "ram")["backend_stats"]["used_bytes"] <= 16 * (BLOCK + 256)
+        down_server.repick_taken_ports()
         down_server.start()
         down_server.make_bucket("kvt-back")
         wait_for(lambda: tier_stats(chain, "s3")["healthy"], "the object tier opened")

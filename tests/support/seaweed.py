@@ -174,6 +174,20 @@ class SeaweedServer(ServerProcess):
         ]
         return args
 
+    def repick_taken_ports(self) -> None:
+        """Choose again every port but S3's that another process took since they were chosen.
+
+        For a server started late on the S3 endpoint a client was given before
+        (a test of storage that comes up): the other ports are its own business.
+        """
+        for name, port in self.ports.items():
+            if name not in ("s3.port", "admin.port") and not _bindable(port):
+                taken = set(self.ports.values())
+                self.ports[name] = next(p for p in _free_ports(8) if p not in taken)
+        admin = self.ports["admin.port"]
+        if not (_bindable(admin) and _bindable(admin + _GRPC_OFFSET)):
+            self.ports["admin.port"] = _admin_port(set(self.ports.values()))
+
     def start(self) -> None:
         """Start (or restart) the server on the same ports and data; wait until S3 answers."""
         if self.running:
