@@ -201,7 +201,11 @@ def kvtier_open(options: Mapping[str, Any], namespace: str) -> None:
     Raise :class:`~kvtier.spec.ConfigError` for bad option values (with
     ``key=`` the option name) and :class:`~kvtier.spec.BackendError` when the
     store cannot be reached; the message should name the location (URL,
-    endpoint, bucket) but never a credential.
+    endpoint, bucket) but never a credential.  A chain tells them apart: a
+    ``ConfigError`` fails its open, while a tier whose open raised anything
+    else starts failed (unless configured ``required``), and the chain opens
+    a fresh instance after a back-off; the instance whose open raised is
+    asked only ``kvtier_capabilities`` (as one never opened) and closed.
     """
 
 
