@@ -9,10 +9,13 @@ directory.  ``required: true`` restores failing at open, and errors
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import socket
+import sys
+import textwrap
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_fault_child import without_dac
 from seaweed import SeaweedServer
 
 import kvtier.chain.health
@@ -218,6 +222,65 @@ def test_fs_tier_whose_root_cannot_be_made_starts_failed_then_opens(
         wait_for((blocker / "kv" / CATALOG_HEX).is_dir, "the namespace descriptor recorded")
     with open_chain({"chain": [disk]}, namespace="open-faults-fs") as alone:
         assert read(alone, [key(0), key(1)]) == [None, payload(1)]
+
+
+#: Run without DAC override (fs_fault_child.without_dac): an fs root of mode 555 this
+#: process cannot write, then made writable by its owner, which this process is.
+UNWRITABLE_CHILD = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    import kvtier
+    import kvtier.chain.health as health
+    health._BACKOFF_FIRST, health._BACKOFF_MAX = 0.05, 0.5
+    root = Path(sys.argv[1])
+    try:
+        (root / "probe").touch()
+        print(json.dumps({"skip": "mode 555 does not stop this process"}))
+        sys.exit(0)
+    except PermissionError:
+        pass
+    disk = {"name": "disk", "backend": "fs", "url": str(root)}
+    ram = {"name": "ram", "backend": "host", "capacity": "1MiB"}
+    seen = {}
+    with kvtier.open_chain({"chain": [ram, disk]}, namespace="open-faults-ro") as chain:
+        def stats():
+            return next(t for t in chain.stats()["tiers"] if t["name"] == "disk")
+        seen["healthy_at_open"] = stats()["healthy"]
+        seen["early_stored"] = chain.put([b"k0"], [b"x" * 4096])
+        chain.flush()
+        seen["failed"] = stats()["failed"]
+        root.chmod(0o755)  # its owner may, without DAC override
+        deadline = time.monotonic() + 60
+        while not stats()["healthy"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["healthy_later"] = stats()["healthy"]
+        seen["late_stored"] = chain.put([b"k1"], [b"y" * 4096])
+        chain.flush()
+        seen["puts"] = stats()["puts"]
+    with kvtier.open_chain({"chain": [disk]}, namespace="open-faults-ro") as alone:
+        outs = [bytearray(4096), bytearray(4096)]
+        found = alone.get([b"k0", b"k1"], outs)
+        seen["alone"] = [bytes(o).decode()[:1] if f else None for o, f in zip(outs, found)]
+    print(json.dumps(seen))
+""")
+
+
+def test_fs_tier_on_a_root_it_cannot_write_starts_failed_then_opens(tmp_path: Path) -> None:
+    root = tmp_path / "readonly"
+    root.mkdir()
+    root.chmod(0o555)
+    try:
+        proc = without_dac([sys.executable, "-c", UNWRITABLE_CHILD, str(root)])
+    finally:
+        root.chmod(0o755)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in seen:
+        pytest.skip(seen["skip"])
+    assert "tier 'disk' (fs) did not open" in proc.stderr
+    assert seen == {"healthy_at_open": False, "early_stored": [True], "failed": 1,
+                    "healthy_later": True, "late_stored": [True], "puts": 1,
+                    "alone": [None, "y"]}
 
 
 def test_required_fs_tier_fails_the_open(tmp_path: Path) -> None:
