@@ -24,6 +24,7 @@ import pytest
 from fs_blocks import NS
 from fs_pool_child import block, open_backend
 
+import kvtier
 from kvtier.backends.fs.pool import DB_NAME
 
 CHILD = Path(__file__).parents[2] / "support" / "fs_pool_child.py"
@@ -174,3 +175,21 @@ def test_a_damaged_index_found_at_open_is_rebuilt(
     finally:
         tier.close()
     assert (root / (DB_NAME + ".damaged")).exists()
+
+
+def test_a_chain_over_a_damaged_index_opens_and_serves(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    namespace = kvtier.Namespace("damaged", dtype="bfloat16", tokens_per_block=16)
+    config = {"chain": [{"name": "ram", "backend": "host", "capacity": "4MiB"},
+                        {"name": "disk", "backend": "fs", "url": str(root), "capacity": "1MiB"}]}
+    keys = [f"c{i}".encode() for i in range(8)]
+    with kvtier.open_chain(config, namespace=namespace) as chain:
+        assert chain.put(keys, [block(k, SIZE) for k in keys]) == [True] * 8
+    _garbage(root)
+    with kvtier.open_chain(config, namespace=namespace) as chain:  # its RAM tier empty
+        got = chain.get_bytes(keys)
+        assert [bytes(d) if d is not None else None for d in got] == [
+            block(k, SIZE) for k in keys]
+        (disk,) = [t for t in chain.stats()["tiers"] if t["name"] == "disk"]
+        assert disk["healthy"] and disk["hits"] == 8
+        assert disk["backend_stats"]["index_rebuilds"] == 1
