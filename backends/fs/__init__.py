@@ -152,6 +152,8 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             # the pool's, for every process together; this index only answers lookups
             self._ledger.capacity, self._ledger.bound = None, store.pool.capacity
         self._eviction = options["eviction"]
+        # what the capacity bounds: per process where no pool counts for every process
+        self._scope = options["capacity_scope"] if isinstance(store, PoolStore) else "process"
         self._adopt(*found)
         self._sizing.start(store.pool.capacity if isinstance(store, PoolStore)
                            else options["capacity"], options["sizing_sample"],
@@ -177,7 +179,7 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
                       else self._ledger.capacity),
             reports_evictions=True,
             extra={"eviction": self._eviction, "local": self._store.local,
-                   "io_threads": self._threads},
+                   "io_threads": self._threads, "capacity_scope": self._scope},
         )
 
     def _stats(self) -> Mapping[str, int | float]:
@@ -257,6 +259,9 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             if not self.is_open:
                 raise self.closed_error()
             results, plan, victims, first = ledger.plan(keys, sizes, self._is_open)
+        if isinstance(self._store, PoolStore):  # a put of a stored key is a use, as a get
+            again = set(range(len(keys))).difference(plan)
+            self._store.pool.touch([keys[i] for i in sorted(again) if results[i]])
         if not plan and not victims:
             # all stored already (or refused): nothing to write, no second lock
             if first is not None:
