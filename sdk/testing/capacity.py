@@ -150,17 +150,72 @@ class CapacityTests(KitBase):
         cap = self._capacity_or_skip(256 * MIB)
         small = [key_of("fits", i) for i in range(2)]
         blocks = [block_for(k, max(1, min(100, cap // 4))) for k in small]
-        assert self.store.put(small, blocks) == [True, True]
+        assert self.store.put(small, blocks) == [True, True], (
+            f"a put of two blocks of {len(blocks[0])} bytes was refused under a capacity of {cap}"
+        )
         big = key_of("too-big", 0)
         evicted: list[tuple[bytes, bytes]] = []
         assert self.store.put([big], [bytes(cap + 1)], evicted) == [False], (
             f"a block of {cap + 1} bytes is larger than the capacity and must be refused"
         )
-        assert self.store.lookup([big]) == [False]
-        assert self.store.get([big]) == [None]
+        assert self.store.lookup([big]) == [False], (
+            f"lookup({big!r}) answered True for a block whose put was refused"
+        )
+        assert self.store.get([big]) == [None], (
+            f"get({big!r}) returned data for a block whose put was refused"
+        )
         lost = {k for k, _ in evicted}
         for key, want, have in zip(small, blocks, self.store.get(small)):
             if key in lost or (have is None and not self.caps.reports_evictions):
                 continue
             assert have == want, f"get({key!r}) returned {describe(want, have)}"
         self._capacity_used_within(cap, "after the refused block")
+
+    def _capacity_overfill(
+        self, tag: str, cap: int, evicted: list[tuple[bytes, bytes]]
+    ) -> list[bytes]:
+        """Put blocks of a quarter of the capacity (at most 1 MiB) until 3 capacities went in."""
+        size = max(1, min(cap // 4, MIB, self.block_limit() or cap))
+        keys = [key_of(tag, i) for i in range(3 * cap // size + 1)]
+        for key in keys:
+            assert self.store.put([key], [block_for(key, size)], evicted) == [True], (
+                f"a put of {size} bytes was refused under a capacity of {cap}"
+            )
+        return keys
+
+    def test_evicted_keys_are_not_reported_by_later_puts(self) -> None:
+        if not self.caps.reports_evictions:
+            pytest.skip(f"backend {self.backend!r} does not declare reports_evictions=True")
+        cap = self._capacity_or_skip(MAX_FILLED_CAPACITY)
+        gone = [key_of("removed", i) for i in range(3)]
+        blocks = [block_for(k, max(1, min(1000, cap // 8))) for k in gone]
+        assert self.store.put(gone, blocks) == [True] * 3, "a put within the capacity refused"
+        assert self.store.evict(gone) == [True] * 3, "evict of three stored keys"
+        evicted: list[tuple[bytes, bytes]] = []
+        self._capacity_overfill("after-evict", cap, evicted)
+        assert evicted, f"3 capacities of blocks went into a capacity of {cap}; none reported"
+        again = sorted({k for k, _ in evicted} & set(gone))
+        assert not again, (
+            f"{again} were removed by kvtier_evict and then reported in evicted by a later "
+            "put: evicted is only for blocks the capacity pushed out, and a tier below "
+            "would store again what kvtier asked to remove"
+        )
+
+    def test_evictions_figure_counts_capacity_evictions(self) -> None:
+        cap = self._capacity_or_skip(MAX_FILLED_CAPACITY)
+        before = self.store.stats().get("evictions")
+        if before is None:
+            pytest.skip(f"backend {self.backend!r} reports no evictions figure in stats()")
+        evicted: list[tuple[bytes, bytes]] = []
+        keys = self._capacity_overfill("figure", cap, evicted)
+        if self.caps.reports_evictions:
+            pushed = len({k for k, _ in evicted})
+        else:
+            pushed = self._capacity_present(keys, "after 3 capacities").count(False)
+        after = self.store.stats().get("evictions")
+        assert after is not None, "stats() dropped the evictions figure after puts"
+        assert pushed, f"3 capacities of blocks went into a capacity of {cap}; none left"
+        assert after - before >= pushed, (
+            f"stats() evictions went from {before} to {after} while the capacity pushed out "
+            f"{pushed} blocks: the figure counts the blocks removed to make room"
+        )

@@ -88,8 +88,9 @@ GATES: Mapping[str, Gate] = {
         "declares no capacity with extra eviction=lru over the namespace",
         lambda caps, hooks: caps.capacity is not None
         and caps.extra.get("eviction") == "lru"
-        # a capacity enforced per shard evicts the oldest of a shard, not of the namespace
-        and caps.extra.get("capacity_scope", "namespace") == "namespace",
+        # a capacity enforced per shard evicts the oldest of a shard, not of the namespace,
+        # and one per pool the oldest of every namespace; per process is per namespace here
+        and caps.extra.get("capacity_scope", "namespace") in ("namespace", "process"),
     ),
     "persistence": declares("persistent"),
     "shared": declares("shared"),

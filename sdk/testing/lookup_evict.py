@@ -29,8 +29,16 @@ class LookupTests(KitBase):
 
     def test_lookup_of_unknown_keys(self) -> None:
         keys = [key_of("unknown", i) for i in range(5)]
-        assert self.store.lookup(keys) == [False] * 5
-        assert self.store.get(keys) == [None] * 5
+        flags = self.store.lookup(keys)
+        assert flags == [False] * 5, (
+            f"lookup answered {flags} where [False] * 5 was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
+        got = self.store.get(keys)
+        assert got == [None] * 5, (
+            f"get answered {got} where [None] * 5 was expected: "
+            "get answers one block or None per key"
+        )
 
     def test_lookup_agrees_with_get_after_random_operations(self) -> None:
         universe = [key_of("agree", i) for i in range(40)]
@@ -59,8 +67,16 @@ class LookupTests(KitBase):
 
     def test_lookup_repeated_and_mixed(self) -> None:
         stored, missing = key_of("lk", 0), key_of("lk", 1)
-        assert self.store.put([stored], [block_for(stored, 64)]) == [True]
-        assert self.store.lookup([missing, stored, stored, missing]) == [False, True, True, False]
+        flags = self.store.put([stored], [block_for(stored, 64)])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
+        flags = self.store.lookup([missing, stored, stored, missing])
+        assert flags == [False, True, True, False], (
+            f"lookup answered {flags} where [False, True, True, False] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
 
 @kit_group("evict")
@@ -69,14 +85,26 @@ class EvictTests(KitBase):
 
     def _evict_put(self, keys: list[bytes]) -> list[bytes]:
         blocks = [block_for(k, 1000) for k in keys]
-        assert self.store.put(keys, blocks) == [True] * len(keys)
+        flags = self.store.put(keys, blocks)
+        assert flags == [True] * len(keys), (
+            f"put answered {flags} where [True] * len(keys) was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         return blocks
 
     def test_evicted_keys_are_gone(self) -> None:
         keys = [key_of("evict", i) for i in range(6)]
         blocks = self._evict_put(keys)
-        assert self.store.evict(keys[:3]) == [True] * 3
-        assert self.store.lookup(keys) == [False] * 3 + [True] * 3
+        flags = self.store.evict(keys[:3])
+        assert flags == [True] * 3, (
+            f"evict answered {flags} where [True] * 3 was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
+        flags = self.store.lookup(keys)
+        assert flags == [False] * 3 + [True] * 3, (
+            f"lookup answered {flags} where [False] * 3 + [True] * 3 was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
         got = self.store.get(keys)
         expected: list[bytes | None] = [None, None, None, *blocks[3:]]
         for key, want, have in zip(keys, expected, got):
@@ -85,7 +113,11 @@ class EvictTests(KitBase):
     def test_evict_answers_true_exactly_once(self) -> None:
         key = key_of("once", 0)
         self._evict_put([key])
-        assert self.store.evict([key]) == [True]
+        flags = self.store.evict([key])
+        assert flags == [True], (
+            f"evict answered {flags} where [True] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         assert self.store.evict([key]) == [False], "a second evict must answer False"
 
     def test_repeated_key_in_one_evict(self) -> None:
@@ -99,8 +131,16 @@ class EvictTests(KitBase):
         kept = [key_of("kept", i) for i in range(3)]
         blocks = self._evict_put(kept)
         unknown = [key_of("never", i) for i in range(3)]
-        assert self.store.evict(unknown) == [False] * 3
-        assert self.store.evict([unknown[0], kept[1], unknown[1]]) == [False, True, False]
+        flags = self.store.evict(unknown)
+        assert flags == [False] * 3, (
+            f"evict answered {flags} where [False] * 3 was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
+        flags = self.store.evict([unknown[0], kept[1], unknown[1]])
+        assert flags == [False, True, False], (
+            f"evict answered {flags} where [False, True, False] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         expected = [blocks[0], None, blocks[2]]
         for key, want, have in zip(kept, expected, self.store.get(kept)):
             assert have == want, f"get({key!r}) returned {describe(want, have)}"
@@ -108,18 +148,42 @@ class EvictTests(KitBase):
     def test_put_after_evict_stores_again(self) -> None:
         key = key_of("again", 1)
         block = self._evict_put([key])[0]
-        assert self.store.evict([key]) == [True]
-        assert self.store.put([key], [block]) == [True]
-        assert self.store.get([key]) == [block]
-        assert self.store.lookup([key]) == [True]
+        flags = self.store.evict([key])
+        assert flags == [True], (
+            f"evict answered {flags} where [True] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
+        got = self.store.get([key])
+        assert got == [block], (
+            f"get answered {got} where [block] was expected: "
+            "get answers one block or None per key"
+        )
+        flags = self.store.lookup([key])
+        assert flags == [True], (
+            f"lookup answered {flags} where [True] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
     def test_evict_leaves_others_exact(self) -> None:
         keys = [key_of("many", i) for i in range(20)]
         sizes = [size_for(k, self.block_limit()) for k in keys]
         blocks = [block_for(k, s) for k, s in zip(keys, sizes)]
-        assert self.store.put(keys, blocks) == [True] * 20
+        flags = self.store.put(keys, blocks)
+        assert flags == [True] * 20, (
+            f"put answered {flags} where [True] * 20 was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         gone = set(self.rng.sample(range(20), 8))
-        assert self.store.evict([keys[i] for i in sorted(gone)]) == [True] * 8
+        flags = self.store.evict([keys[i] for i in sorted(gone)])
+        assert flags == [True] * 8, (
+            f"evict answered {flags} where [True] * 8 was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         got = self.store.get(keys)
         for i, (key, have) in enumerate(zip(keys, got)):
             want = None if i in gone else blocks[i]

@@ -50,52 +50,108 @@ class PutGetTests(KitBase):
         self._put_get_fits(size)
         key = key_of("size", size)
         block = block_for(key, size)
-        assert self.store.put([key], [block]) == [True]
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check([key], [block])
-        assert self.store.lookup([key]) == [True]
+        flags = self.store.lookup([key])
+        assert flags == [True], (
+            f"lookup answered {flags} where [True] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
     def test_batch_with_hits_and_misses(self) -> None:
         keys = [key_of("mixed", i) for i in range(8)]
         stored = keys[::2]
         blocks = [block_for(k, 1000 + i) for i, k in enumerate(stored)]
-        assert self.store.put(stored, blocks) == [True] * len(stored)
+        flags = self.store.put(stored, blocks)
+        assert flags == [True] * len(stored), (
+            f"put answered {flags} where [True] * len(stored) was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         expected: list[bytes | None] = [None] * len(keys)
         for i, block in enumerate(blocks):
             expected[2 * i] = block
         order = [7, 0, 3, 2, 5, 4, 1, 6]  # out of put order: answers must follow the request
         self._put_get_check([keys[i] for i in order], [expected[i] for i in order])
-        assert self.store.lookup(keys) == [b is not None for b in expected]
+        flags = self.store.lookup(keys)
+        assert flags == [b is not None for b in expected], (
+            f"lookup answered {flags} where [b is not None for b in expected] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
     def test_repeated_key_in_one_put(self) -> None:
         key, other = key_of("dup-put", 0), key_of("dup-put", 1)
         block, other_block = block_for(key, 300), block_for(other, 200)
-        assert self.store.put([key, other, key], [block, other_block, block]) == [True] * 3
+        flags = self.store.put([key, other, key], [block, other_block, block])
+        assert flags == [True] * 3, (
+            f"put answered {flags} where [True] * 3 was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check([key, other], [block, other_block])
 
     def test_repeated_key_in_one_get(self) -> None:
         key, missing = key_of("dup-get", 0), key_of("dup-get", 1)
         block = block_for(key, 500)
-        assert self.store.put([key], [block]) == [True]
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check([key, missing, key, missing, key], [block, None, block, None, block])
-        assert self.store.lookup([key, key, missing, missing]) == [True, True, False, False]
+        flags = self.store.lookup([key, key, missing, missing])
+        assert flags == [True, True, False, False], (
+            f"lookup answered {flags} where [True, True, False, False] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
     def test_put_of_a_stored_key_answers_true(self) -> None:
         key = key_of("again", 0)
         block = block_for(key, 700)
-        assert self.store.put([key], [block]) == [True]
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         assert self.store.put([key], [block]) == [True], "a stored key must answer True again"
         self._put_get_check([key], [block])
 
     def test_empty_batches(self) -> None:
         store = self.store
-        assert store.put([], []) == []
-        assert store.get([]) == []
-        assert store.lookup([]) == []
-        assert store.evict([]) == []
+        flags = store.put([], [])
+        assert flags == [], (
+            f"put answered {flags} where [] was expected: "
+            "an empty batch answers an empty list"
+        )
+        got = store.get([])
+        assert got == [], (
+            f"get answered {got} where [] was expected: "
+            "an empty batch answers an empty list"
+        )
+        flags = store.lookup([])
+        assert flags == [], (
+            f"lookup answered {flags} where [] was expected: "
+            "an empty batch answers an empty list"
+        )
+        flags = store.evict([])
+        assert flags == [], (
+            f"evict answered {flags} where [] was expected: "
+            "an empty batch answers an empty list"
+        )
         if store.implements("kvtier_put_parts"):
-            assert store.put_parts([], []) == []
+            flags = store.put_parts([], [])
+            assert flags == [], (
+                f"put_parts answered {flags} where [] was expected: "
+                "an empty batch answers an empty list"
+            )
         if store.implements("kvtier_get_into"):
-            assert store.get_into([], []) == []
+            sizes = store.get_into([], [])
+            assert sizes == [], (
+                f"get_into answered {sizes} where [] was expected: "
+                "an empty batch answers an empty list"
+            )
 
     @pytest.mark.parametrize(
         "key",
@@ -105,15 +161,27 @@ class PutGetTests(KitBase):
     def test_key_lengths_and_bytes(self, key: bytes) -> None:
         block = block_for(key, 333)
         other = key[:-1] + bytes([key[-1] ^ 1])  # differs in the last byte only
-        assert self.store.put([key], [block]) == [True]
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check([key, other], [block, None])
-        assert self.store.lookup([key, other]) == [True, False]
+        flags = self.store.lookup([key, other])
+        assert flags == [True, False], (
+            f"lookup answered {flags} where [True, False] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
     @pytest.mark.parametrize("shape", list(_SHAPES))
     def test_put_accepts_bytes_like(self, shape: str) -> None:
         key = key_of(f"shape-{shape}", 0)
         block = block_for(key, 4 * KIB + 1)
-        assert self.store.put([key], [_SHAPES[shape](block)]) == [True]
+        flags = self.store.put([key], [_SHAPES[shape](block)])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check([key], [block])
 
     def test_put_copies_the_callers_buffer(self) -> None:
@@ -121,7 +189,11 @@ class PutGetTests(KitBase):
         blocks = [block_for(k, 4 * KIB) for k in keys]
         owned = bytearray(blocks[0])
         backing = bytearray(blocks[1])
-        assert self.store.put(keys, [owned, memoryview(backing)]) == [True, True]
+        flags = self.store.put(keys, [owned, memoryview(backing)])
+        assert flags == [True, True], (
+            f"put answered {flags} where [True, True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         # the caller reuses its buffers as soon as put returns
         owned[:] = b"\xaa" * len(owned)
         backing[:] = b"\x55" * len(backing)
@@ -130,7 +202,11 @@ class PutGetTests(KitBase):
     def test_returned_blocks_never_change(self) -> None:
         keys = [key_of("keep", i) for i in range(3)]
         blocks = [block_for(k, 2 * KIB) for k in keys]
-        assert self.store.put(keys, blocks) == [True] * 3
+        flags = self.store.put(keys, blocks)
+        assert flags == [True] * 3, (
+            f"put answered {flags} where [True] * 3 was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         kept = self.store.get_raw(keys)
         # the caller may keep what get returned; later calls must not touch it
         self.store.evict(keys[:1])
@@ -157,7 +233,11 @@ class PutGetTests(KitBase):
         first = [key_of("reuse-a", i) for i in range(4)]
         second = [key_of("reuse-b", i) for i in range(4)]
         blocks = {k: block_for(k, size) for k in first + second}
-        assert self.store.put(first + second, [blocks[k] for k in first + second]) == [True] * 8
+        flags = self.store.put(first + second, [blocks[k] for k in first + second])
+        assert flags == [True] * 8, (
+            f"put answered {flags} where [True] * 8 was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         kept = self.store.get_raw(first)
         kept_repeat = self.store.get_raw([first[0], first[0]])
         # other blocks read into the same positions, in another order, and again
@@ -168,7 +248,11 @@ class PutGetTests(KitBase):
             outs = [bytearray(size) for _ in second]
             self.store.get_into(second, [[memoryview(o)] for o in outs])
         # freed space reused by new blocks of the same size
-        assert self.store.evict(first[2:]) == [True, True]
+        flags = self.store.evict(first[2:])
+        assert flags == [True, True], (
+            f"evict answered {flags} where [True, True] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         fresh = [key_of("reuse-c", i) for i in range(4)]
         self.store.put(fresh, [block_for(k, size) for k in fresh])
         self.store.get_raw(fresh)
@@ -193,7 +277,11 @@ class PutGetTests(KitBase):
             "bytes that are none of the values put (a mix, or a miss)"
         )
         self._put_get_check([other], [other_block])
-        assert self.store.put([key], [block_for(key + b"/4", 300)]) == [True]
+        flags = self.store.put([key], [block_for(key + b"/4", 300)])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check([key], [have])
 
     def test_repeated_key_in_one_put_stores_the_first(self) -> None:
@@ -217,7 +305,11 @@ class PutGetTests(KitBase):
     def test_put_of_a_stored_key_keeps_the_stored_block(self) -> None:
         key = key_of("immutable", 0)
         block, other = block_for(key, 900), block_for(key + b"/other", 900)
-        assert self.store.put([key], [block]) == [True]
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         assert self.store.put([key], [other]) == [True], "a put of a stored key must answer True"
         (have,) = self.store.get([key])
         assert have == block, (
@@ -241,10 +333,18 @@ class PutGetTests(KitBase):
             ],
             [blocks[3][:1], blocks[3][1:2], blocks[3][2:]],
         ]
-        assert self.store.put_parts(keys, parts) == [True] * 4
+        flags = self.store.put_parts(keys, parts)
+        assert flags == [True] * 4, (
+            f"put_parts answered {flags} where [True] * 4 was expected: "
+            "a put_parts of blocks within the declared limits stores each and answers True"
+        )
         self._put_get_check(keys, list(blocks))
         # a key already stored through put answers True through put_parts too
-        assert self.store.put_parts(keys[:1], [[blocks[0]]]) == [True]
+        flags = self.store.put_parts(keys[:1], [[blocks[0]]])
+        assert flags == [True], (
+            f"put_parts answered {flags} where [True] was expected: "
+            "a put_parts of blocks within the declared limits stores each and answers True"
+        )
 
     def test_put_parts_copies_the_callers_buffers(self) -> None:
         if not self.store.implements("kvtier_put_parts"):
@@ -252,7 +352,11 @@ class PutGetTests(KitBase):
         key = key_of("parts-copy", 0)
         block = block_for(key, 8 * KIB)
         head, tail = bytearray(block[:100]), bytearray(block[100:])
-        assert self.store.put_parts([key], [[head, memoryview(tail)]]) == [True]
+        flags = self.store.put_parts([key], [[head, memoryview(tail)]])
+        assert flags == [True], (
+            f"put_parts answered {flags} where [True] was expected: "
+            "a put_parts of blocks within the declared limits stores each and answers True"
+        )
         head[:] = bytes(len(head))
         tail[:] = bytes(len(tail))
         self._put_get_check([key], [block])
@@ -262,7 +366,11 @@ class PutGetTests(KitBase):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
         keys = [key_of("into", i) for i in range(3)]
         blocks = [block_for(k, size) for k, size in zip(keys, (1, 5000, 70_001))]
-        assert self.store.put(keys, blocks) == [True] * 3
+        flags = self.store.put(keys, blocks)
+        assert flags == [True] * 3, (
+            f"put answered {flags} where [True] * 3 was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         missing = key_of("into", 99)
         # exact sizes, split across several buffers; one wrong size; one miss
         outs = [bytearray(1), bytearray(5000), bytearray(70_001)]
@@ -288,10 +396,20 @@ class PutGetTests(KitBase):
             pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
         key = key_of("into-dup", 0)
         block = block_for(key, 3000)
-        assert self.store.put([key], [block]) == [True]
+        flags = self.store.put([key], [block])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         outs = [bytearray(3000), bytearray(3000)]
-        assert self.store.get_into([key, key], [[memoryview(o)] for o in outs]) == [3000, 3000]
-        assert [bytes(o) for o in outs] == [block, block]
+        sizes = self.store.get_into([key, key], [[memoryview(o)] for o in outs])
+        assert sizes == [3000, 3000], (
+            f"get_into answered {sizes} where [3000, 3000] was expected: "
+            "get_into answers the stored size for each hit and None for a miss"
+        )
+        assert [bytes(o) for o in outs] == [block, block], (
+            "get_into of a key repeated in one batch must fill every occurrence's buffers"
+        )
 
     def test_refuses_blocks_over_max_block_size(self) -> None:
         limit = self.caps.max_block_size

@@ -1,13 +1,19 @@
-"""Group ``recency``: a lookup is not a use, for a backend that evicts the least recently used.
+"""Group ``recency``: what is a use, for a backend that evicts the least recently used.
 
 The contract counts ``kvtier_get``, ``kvtier_get_into`` and a put of a stored
-key as uses, and ``kvtier_lookup`` not: the chain probes every tier with
-lookups, and a probe that refreshed a block would keep cold blocks in a full
-tier.  The group runs for a backend that declares a capacity and
+key as uses, and ``kvtier_lookup`` and ``kvtier_scan`` not: the chain probes
+every tier with lookups, and a probe that refreshed a block would keep cold
+blocks in a full tier.  Each check fills the store until its first eviction,
+does one thing to the oldest block, puts one more block and sees which of
+the two oldest went.  Recency belongs to the instance's namespace: a use in
+another namespace (recency kept at class level, keyed by key alone) saves
+nothing here.  The group runs for a backend that declares a capacity and
 ``extra["eviction"] == "lru"`` over the whole namespace.
 """
 
 from __future__ import annotations
+
+import secrets
 
 import pytest
 
@@ -32,7 +38,12 @@ class RecencyTests(KitBase):
             return self.store.lookup(keys)
         return [block is not None for block in self.store.get(keys)]
 
-    def test_lookup_is_not_a_use(self) -> None:
+    def _recency_full(self, tag: str) -> tuple[int, list[bytes], bytes, bytes]:
+        """Fill the store block by block until its first eviction.
+
+        Answers the block size, the keys put, and the two oldest blocks still
+        held: the next put of a block of that size removes the oldest.
+        """
         cap = self.caps.capacity
         assert cap is not None  # the group is skipped otherwise
         if cap > MAX_FILLED:
@@ -43,7 +54,7 @@ class RecencyTests(KitBase):
         # fill block by block (one put each: the order of use is the order of put)
         # until the first eviction: the store is full, its oldest block next to go
         while len(keys) < 4 * BLOCKS_PER_CAPACITY + 4:
-            key = key_of("recency", len(keys))
+            key = key_of(tag, len(keys))
             keys.append(key)
             assert self.store.put([key], [block_for(key, size)]) == [True], (
                 f"put of {size} bytes refused under a capacity of {cap}"
@@ -55,22 +66,95 @@ class RecencyTests(KitBase):
             raise AssertionError(f"{len(keys)} blocks of {size} bytes never filled {cap} bytes")
         held = [k for k, here in zip(keys, present) if here]
         assert len(held) >= 2, f"a capacity of {cap} bytes held {len(held)} blocks of {size}"
-        oldest, next_oldest = held[0], held[1]
-        found = self.store.lookup([oldest])  # the lookup under test
-        assert found == [True] or not self.lookup_exact, f"lookup({oldest!r}) of a held block"
-        newest = key_of("recency", len(keys))
-        assert self.store.put([newest], [block_for(newest, size)]) == [True]
-        # the answer is read with get, oldest first: a read of a miss refreshes nothing
+        return size, keys, held[0], held[1]
+
+    def _recency_next_put(self, tag: str, size: int, keys: list[bytes]) -> None:
+        newest = key_of(tag, len(keys))
+        assert self.store.put([newest], [block_for(newest, size)]) == [True], (
+            f"put of {size} bytes into the full store refused"
+        )
+
+    def _recency_survivor(
+        self, size: int, oldest: bytes, next_oldest: bytes, what: str, *, used: bool
+    ) -> None:
+        """After the next put: the refreshed ``oldest`` stays (``used``), or goes first."""
+        # read oldest first: a read of a miss refreshes nothing
         first, second = self.store.get([oldest, next_oldest])
-        assert first is None or second is None, (
-            f"a put into the full store removed neither of the two oldest blocks "
-            f"({oldest!r}, {next_oldest!r}): it does not evict the least recently used"
+        if used:
+            assert first is not None, (
+                f"after {what} of the oldest block {oldest!r}, the next put evicted it: "
+                f"{what} did not refresh its recency, and it is a use under eviction=lru"
+            )
+            assert first == block_for(oldest, size), f"get({oldest!r}) returned other bytes"
+            assert second is None, (
+                f"after {what} of the oldest block, a put into the full store kept the next "
+                f"oldest {next_oldest!r} too: it does not evict the least recently used"
+            )
+        else:
+            assert first is None, (
+                f"after {what} of the oldest block {oldest!r}, the next put kept it"
+                f"{' and evicted ' + repr(next_oldest) if second is None else ''}: "
+                f"{what} refreshed its recency, and it is not a use"
+            )
+            assert second is None or second == block_for(next_oldest, size), (
+                f"get({next_oldest!r}) returned other bytes than were put"
+            )
+
+    def test_lookup_is_not_a_use(self) -> None:
+        size, keys, oldest, next_oldest = self._recency_full("recency")
+        found = self.store.lookup([oldest])  # the lookup under test
+        assert found == [True] or not self.lookup_exact, (
+            f"lookup({oldest!r}) of a held block answered {found}"
         )
-        assert first is None, (
-            f"after a lookup of the oldest block {oldest!r}, the next put evicted "
-            f"{next_oldest!r} and kept {oldest!r}: the lookup refreshed its recency, "
-            "and a lookup is not a use"
+        self._recency_next_put("recency", size, keys)
+        self._recency_survivor(size, oldest, next_oldest, "the lookup", used=False)
+
+    def test_get_is_a_use(self) -> None:
+        size, keys, oldest, next_oldest = self._recency_full("use-get")
+        assert self.store.get([oldest]) == [block_for(oldest, size)], (
+            f"get({oldest!r}) of a held block did not return its bytes"
         )
-        assert second is None or second == block_for(next_oldest, size), (
-            f"get({next_oldest!r}) returned other bytes than were put"
+        self._recency_next_put("use-get", size, keys)
+        self._recency_survivor(size, oldest, next_oldest, "the get", used=True)
+
+    def test_get_into_is_a_use(self) -> None:
+        if not self.store.implements("kvtier_get_into"):
+            pytest.skip(f"backend {self.backend!r} does not implement kvtier_get_into")
+        size, keys, oldest, next_oldest = self._recency_full("use-into")
+        out = bytearray(size)
+        assert self.store.get_into([oldest], [[memoryview(out)]]) == [size], (
+            f"get_into({oldest!r}) of a held block did not answer its size {size}"
+        )
+        self._recency_next_put("use-into", size, keys)
+        self._recency_survivor(size, oldest, next_oldest, "the get_into", used=True)
+
+    def test_put_of_a_stored_key_is_a_use(self) -> None:
+        size, keys, oldest, next_oldest = self._recency_full("use-put")
+        assert self.store.put([oldest], [block_for(oldest, size)]) == [True], (
+            f"a put of the stored key {oldest!r} must answer True"
+        )
+        self._recency_next_put("use-put", size, keys)
+        self._recency_survivor(size, oldest, next_oldest, "the put of the stored key", used=True)
+
+    def test_scan_is_not_a_use(self) -> None:
+        if not self.store.implements("kvtier_scan"):
+            pytest.skip(f"backend {self.backend!r} does not implement kvtier_scan")
+        size, keys, oldest, next_oldest = self._recency_full("use-scan")
+        listed = {entry.key for entry in self.store.scan(self.namespace)}
+        assert oldest in listed, f"kvtier_scan did not list the held block {oldest!r}"
+        self._recency_next_put("use-scan", size, keys)
+        self._recency_survivor(size, oldest, next_oldest, "the scan", used=False)
+
+    def test_another_namespace_uses_nothing_here(self) -> None:
+        size, keys, oldest, next_oldest = self._recency_full("use-other")
+        # the same key used in another namespace, through another instance: recency
+        # kept at class level, or keyed by key alone, lets that save this block
+        other = self.open_backend(secrets.token_hex(16))
+        small = block_for(oldest + b"/other", min(size, 100))
+        assert other.put([oldest], [small]) == [True], "a put into another namespace refused"
+        assert other.get([oldest]) == [small], "another namespace's block did not read back"
+        self._recency_next_put("use-other", size, keys)
+        self._recency_survivor(
+            size, oldest, next_oldest, "the put and get (in another namespace, of the same key)",
+            used=False,
         )

@@ -7,6 +7,7 @@ from .concurrency import ConcurrencyTests
 from .corruption import CorruptionTests
 from .crash import CrashSafetyTests
 from .framed import FramedTests
+from .instances import InstanceTests
 from .lifecycle import LifecycleTests
 from .lookup_evict import EvictTests, LookupTests
 from .persistence import PersistenceTests
@@ -32,6 +33,7 @@ class BackendTests(
     CorruptionTests,
     StatefulTests,
     LifecycleTests,
+    InstanceTests,
     ScanTests,
     FramedTests,
 ):

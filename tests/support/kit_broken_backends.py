@@ -25,7 +25,15 @@ from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequen
 from pathlib import Path
 from typing import Any
 
-from kvtier.spec import BytesLike, Capabilities, ClosedError, Option, ScanEntry, hookimpl
+from kvtier.spec import (
+    BytesLike,
+    Capabilities,
+    ClosedError,
+    ConfigError,
+    Option,
+    ScanEntry,
+    hookimpl,
+)
 
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
 
@@ -44,6 +52,8 @@ class DictBackend:
         self._dir: Path | None = None
         self._namespace = ""
         self._state = "new"
+        self._evictions = 0
+        self._scan_batch = 5
 
     # lifecycle -------------------------------------------------------------
     @hookimpl
@@ -51,6 +61,7 @@ class DictBackend:
         return {
             "dir": Option("str", "directory to persist blocks in; unset keeps them in memory"),
             "capacity": Option("size", "bytes of blocks held before evicting the oldest"),
+            "scan_batch": Option("int", "entries per kvtier_scan batch", default=5),
         }
 
     @hookimpl
@@ -58,6 +69,7 @@ class DictBackend:
         self._check_not_closed()
         self._capacity = options.get("capacity")
         self._namespace = namespace
+        self._scan_batch = self._check_scan_batch(options.get("scan_batch", 5))
         if options.get("dir"):
             self._dir = Path(options["dir"]) / namespace
             self._dir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +102,8 @@ class DictBackend:
     @hookimpl
     def kvtier_stats(self) -> Mapping[str, int]:
         with self._guard():
-            stats = {"used_bytes": self._used, "blocks": len(self._blocks)}
+            stats = {"used_bytes": self._used, "blocks": len(self._blocks),
+                     "evictions": self._evictions}
         if self._capacity is not None:
             stats["capacity_bytes"] = self._capacity
         return stats
@@ -110,7 +123,7 @@ class DictBackend:
         with self._guard():
             for key, block in zip(keys, blocks):
                 if key in self._blocks:
-                    self._blocks.move_to_end(key)
+                    self._touch(key)  # a put of a stored key is a use
                     out.append(True)
                     continue
                 data = self._copy(block)
@@ -154,9 +167,19 @@ class DictBackend:
     def kvtier_scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         with self._guard():  # raises ClosedError at the call, as the contract asks
             entries = self._listing(namespace)
-        return iter([entries[i : i + 5] for i in range(0, len(entries), 5)])
+        step = self._scan_batch
+        return iter([entries[i : i + step] for i in range(0, len(entries), step)])
 
     # the places the variants break -------------------------------------------
+    def _check_scan_batch(self, value: int) -> int:
+        if value < 1:
+            raise ConfigError(f"must be at least 1, got {value}", key="scan_batch")
+        return value
+
+    def _touch(self, key: bytes) -> None:
+        """A use: ``key`` becomes the most recently used."""
+        self._blocks.move_to_end(key)
+
     def _listing(self, namespace: str | None) -> list[ScanEntry]:
         """What the store holds: in memory its own namespace, on disk every namespace."""
         if self._dir is None:
@@ -202,7 +225,7 @@ class DictBackend:
     def _read(self, key: bytes) -> BytesLike | None:
         data = self._blocks.get(key)
         if data is not None:
-            self._blocks.move_to_end(key)
+            self._touch(key)
         return data
 
     def _remove(self, key: bytes) -> bool:
@@ -219,6 +242,7 @@ class DictBackend:
             key, data = self._blocks.popitem(last=False)
             self._used -= len(memoryview(data).cast("B"))
             self._unlink(key)
+            self._evictions += 1  # the figure counts what capacity pushed out, nothing else
             self._report(evicted, key, data)
 
     def _report(self, evicted: Evicted, key: bytes, data: BytesLike) -> None:

@@ -25,6 +25,11 @@ from kvtier.spec import Option, hookimpl
 from kvtier.testing.through_chain import ChainAsBackend
 
 
+def _positive(value: int) -> None:
+    """The host tier's capacity, refused here (with the option's name) rather than by the chain."""
+    if value <= 0:
+        raise ValueError("must be a positive size")
+
 class ChainBackend(ChainAsBackend):
     """RAM (``host``, capacity ``ram``) over ``fs`` at ``url``, written ``disk_write``.
 
@@ -36,7 +41,7 @@ class ChainBackend(ChainAsBackend):
     def kvtier_options(self) -> Mapping[str, Option]:
         return {
             "url": Option("str", "fs tier URL (file:///path or memory://name)", required=True),
-            "ram": Option("size", "capacity of the host tier", default="256KiB"),
+            "ram": Option("size", "capacity of the host tier", default="256KiB", check=_positive),
             "disk_write": Option(
                 "str", "write policy of the fs tier", "back", choices=("back", "through")
             ),
@@ -75,7 +80,8 @@ class PeerChainBackend(ChainBackend):
         return {
             "peer": Option("str", "HOST:PORT of a running kvtier serve", required=True),
             "secret": Option("str", "the server's shared secret", default=None, secret=True),
-            "ram": Option("size", "capacity of a host tier above the peer tier; unset: none"),
+            "ram": Option("size", "capacity of a host tier above the peer tier; unset: none",
+                          check=_positive),
             "persistent": Option(
                 "bool", "the server's chain keeps blocks across this client's reopen", False
             ),

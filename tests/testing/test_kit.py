@@ -21,6 +21,7 @@ from typing import Any
 import click
 import pytest
 from kit_broken_backends import BROKEN
+from kit_planted_backends import PLANTED
 
 import kvtier
 from kvtier.cli.conformance import parse_option
@@ -38,6 +39,14 @@ class TestReferenceBackend(BackendTests):
 
 class TestReferenceInMemory(BackendTests):
     backend = "kit_broken_backends:DictBackend"
+
+
+class TestReferenceShared(BackendTests):
+    backend = "kit_planted_backends:SharedDict"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "4MiB"}
 
 
 class TestChainWriteBack(BackendTests):
@@ -87,9 +96,25 @@ CAUGHT_BY = {
     "TornWrites": {"crash_safety"},
     "TwoStepWrites": {"crash_safety"},
     "UsableAfterClose": {"lifecycle"},
-    "WrongKeyOrder": {"put_get", "lookup", "evict", "concurrency"},
+    "WrongKeyOrder": {"put_get", "lookup", "evict", "concurrency", "lifecycle"},
     "WrongUsedAfterReopen": {"persistence"},
+    # kit_planted_backends: mistakes that once passed every check
+    "CapacityPerInstance": {"shared"},
+    "ClassLevelRecency": {"recency"},
+    "CloseClosesAll": {"lifecycle"},
+    "CountsEveryNamespace": {"lifecycle"},
+    "EvictionsStayZero": {"capacity"},
+    "GetIsNoUse": {"recency"},
+    "NativeWrites": {"crash_safety"},
+    "RefusesWithValueError": {"lifecycle"},
+    "ReportsEvictedLater": {"capacity"},
+    "ScanRefreshes": {"recency"},
+    "StoredPutIsNoUse": {"recency"},
 }
+
+#: Where each broken backend is defined.
+MODULE = {**dict.fromkeys(BROKEN, "kit_broken_backends"),
+          **dict.fromkeys(PLANTED, "kit_planted_backends")}
 
 #: Groups that may also fail, depending on thread timing: LookupEvicts drops blocks
 #: silently once its lookups have charged enough to the capacity, which the
@@ -115,6 +140,31 @@ CAUGHT_AS = {
     "ScanSizesOnDisk": ("test_scan_lists_exactly_what_is_held", "the stored block's length"),
     "TornWrites": ("test_sigkill_at_every_step_of_a_put", "a torn block must be a miss"),
     "TwoStepWrites": ("test_sigkill_at_every_step_of_a_put", "a torn block must be a miss"),
+    "CapacityPerInstance": (
+        "test_capacity_holds_for_all_instances_together", "for all its instances together"
+    ),
+    "ClassLevelRecency": (
+        "test_another_namespace_uses_nothing_here", "of the same key) refreshed its recency"
+    ),
+    "CloseClosesAll": ("test_closing_another_instance_leaves_this_one_open", "ClosedError"),
+    "CountsEveryNamespace": (
+        "test_each_namespace_counts_its_own_bytes", "count the blocks of the instance's own"
+    ),
+    "EvictionsStayZero": (
+        "test_evictions_figure_counts_capacity_evictions", "the figure counts the blocks removed"
+    ),
+    "GetIsNoUse": ("test_get_is_a_use", "the get did not refresh its recency"),
+    "NativeWrites": ("test_sigkill_at_every_step_of_a_put", "0 kill points"),
+    "RefusesWithValueError": (
+        "test_bad_option_value_raises_config_error_with_key", "ConfigError with key='scan_batch'"
+    ),
+    "ReportsEvictedLater": (
+        "test_evicted_keys_are_not_reported_by_later_puts", "removed by kvtier_evict"
+    ),
+    "ScanRefreshes": ("test_scan_is_not_a_use", "the scan refreshed its recency"),
+    "StoredPutIsNoUse": (
+        "test_put_of_a_stored_key_is_a_use", "the put of the stored key did not refresh"
+    ),
 }
 
 #: Broken backend -> every kit test that fails on it: one check (or one group's
@@ -126,6 +176,17 @@ CAUGHT_ONLY_AS = {
     },
     "KeepsLastRepeated": {"test_repeated_key_in_one_put_stores_the_first"},
     "LookupRefreshes": {"test_lookup_is_not_a_use"},
+    "CapacityPerInstance": {"test_capacity_holds_for_all_instances_together"},
+    "ClassLevelRecency": {"test_another_namespace_uses_nothing_here"},
+    "CloseClosesAll": {"test_closing_another_instance_leaves_this_one_open"},
+    "CountsEveryNamespace": {"test_each_namespace_counts_its_own_bytes"},
+    "EvictionsStayZero": {"test_evictions_figure_counts_capacity_evictions"},
+    "GetIsNoUse": {"test_get_is_a_use"},
+    "NativeWrites": {"test_sigkill_at_every_step_of_a_put"},
+    "RefusesWithValueError": {"test_bad_option_value_raises_config_error_with_key"},
+    "ReportsEvictedLater": {"test_evicted_keys_are_not_reported_by_later_puts"},
+    "ScanRefreshes": {"test_scan_is_not_a_use"},
+    "StoredPutIsNoUse": {"test_put_of_a_stored_key_is_a_use"},
 }
 
 #: The stateful group is slow to shrink a failure, so it runs on its own, below.
@@ -159,14 +220,14 @@ def failed_groups(report: dict[str, Any]) -> set[str]:
 
 
 def test_every_broken_backend_is_listed() -> None:
-    assert set(CAUGHT_BY) == set(BROKEN)
+    assert set(CAUGHT_BY) == set(BROKEN) | set(PLANTED)
 
 
 @pytest.mark.parametrize("name", sorted(CAUGHT_BY))
 def test_kit_catches_broken_backend(name: str, tmp_path: Path) -> None:
     # default settings: a check that catches a bug only sometimes is no check
     proc, report = conformance(
-        f"kit_broken_backends:{name}",
+        f"{MODULE[name]}:{name}",
         tmp_path,
         "--option", f"dir={tmp_path / 'store'}",
         "--option", "capacity=4MiB",

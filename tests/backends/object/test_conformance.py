@@ -54,3 +54,9 @@ class TestObjectWithCapacity(BackendTests):
     def backend_options(self, s3_server: SeaweedServer, kit_bucket: str) -> dict[str, Any]:
         # small: the capacity group puts three times the capacity, block by block
         return object_options(s3_server, kit_bucket, capacity="1MiB")
+
+    def test_capacity_holds_for_all_instances_together(self) -> None:
+        pytest.skip(
+            "object bounds each writer's view of the namespace, which learns of the others' "
+            "blocks at its next LIST: N writers hold up to N x capacity (docs/shared-capacity.md)"
+        )
