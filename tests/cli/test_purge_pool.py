@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -83,3 +85,20 @@ def test_a_purge_by_model_that_cannot_judge_a_namespace_says_so_and_fails(
     assert by_ns.exit_code == 0, by_ns.output
     assert "removed 10 block(s)" in by_ns.output
     assert blocks_of(root, MODEL_B.hex) == set()
+
+
+def test_a_purge_that_cannot_remove_a_block_says_so_and_fails(tmp_path: Path) -> None:
+    root, path = fill(tmp_path)
+    stuck = next(Path(d) / n for d, _, names in os.walk(root / MODEL_B.hex) for n in names
+                 if n.endswith(".kvb"))
+    made = subprocess.run(["chattr", "+i", str(stuck)], capture_output=True, check=False)
+    if made.returncode:
+        pytest.skip(f"chattr +i refused here: {made.stderr.decode().strip()}")
+    try:
+        purged = CliRunner().invoke(cli, ["purge", str(path), "--model", "model-b", "--yes"])
+        assert blocks_of(root, MODEL_B.hex) == {stuck.name}  # the others are gone
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    assert purged.exit_code == 1, purged.output
+    assert "removed 9 block(s)" in purged.output
+    assert "error: 1 block(s) matched could not be removed and are still held" in purged.output
