@@ -34,6 +34,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import secrets
 import shutil
 import sqlite3
@@ -60,6 +61,8 @@ _BUSY_S = 30.0  # the longest a transaction waits for another's to end
 WAL_MAX = 1 << 20
 DAMAGED = DB_NAME + ".damaged"  # the one damaged index kept, for a look
 _LOCK = DB_NAME + ".lock"  # held (flock) while the index is created or rebuilt
+#: A rebuilt index (``.kvtier-pool.db.<generation>``), its log or its shared memory.
+_GENERATION = re.compile(re.escape(DB_NAME) + r"\.[0-9a-f]{8}(-wal|-shm)?")
 _CORRUPT, _NOTADB = 11, 26  # SQLite's primary result codes ...
 _SHORT_READ = 522  # ... and SQLITE_IOERR_SHORT_READ: a file shorter than it says
 
@@ -195,9 +198,13 @@ class IndexSession:
             with self._exclusive():  # none yet: create it, unless another process just did
                 if not os.path.lexists(self.link):
                     # a log left by an index deleted under its processes is no log of a new
-                    # one: a connection would read the old pages from it
+                    # one: a connection would read the old pages from it; and the files of
+                    # a rebuilt index whose name was deleted are no one's now
                     _remove(self.link + "-wal")
                     _remove(self.link + "-shm")
+                    for name in os.listdir(self.root):
+                        if _GENERATION.fullmatch(name):
+                            _remove(os.path.join(self.root, name))
                 seen = _ident(self.link)
                 if seen is None and not os.path.lexists(self.link):
                     self._attach(self.link, rejoin=False)

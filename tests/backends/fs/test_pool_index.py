@@ -193,3 +193,32 @@ def test_a_chain_over_a_damaged_index_opens_and_serves(tmp_path: Path) -> None:
         (disk,) = [t for t in chain.stats()["tiers"] if t["name"] == "disk"]
         assert disk["healthy"] and disk["hits"] == 8
         assert disk["backend_stats"]["index_rebuilds"] == 1
+
+
+def test_deleting_a_rebuilt_index_leaves_none_of_its_files(tmp_path: Path) -> None:
+    root = tmp_path / "pool"
+    keys = [f"k{i}".encode() for i in range(4)]
+    for step in ("write", "rebuild"):
+        tier = open_backend({"url": str(root), "namespace": NS, "options": {"capacity": CAP}})
+        try:
+            if step == "write":
+                assert list(tier.put(keys, [block(k, SIZE) for k in keys], [])) == [True] * 4
+            else:
+                assert tier.stats()["index_rebuilds"] == 1
+        finally:
+            tier.close()
+        if step == "write":
+            _garbage(root)
+    generation = os.path.realpath(root / DB_NAME)
+    assert (root / DB_NAME).is_symlink() and os.path.exists(generation)
+    # another policy is refused while the index records lru: close every process, delete
+    # the index (the name the refusal gives), open with the new policy
+    os.unlink(root / DB_NAME)
+    tier = open_backend({"url": str(root), "namespace": NS,
+                         "options": {"capacity": CAP, "eviction": "s3fifo"}})
+    try:
+        assert tier.stats()["pool_bytes"] == 4 * SIZE
+    finally:
+        tier.close()
+    left = [p.name for p in root.iterdir() if p.name.startswith(os.path.basename(generation))]
+    assert left == []  # the rebuilt index, its log and shared memory: no one's any more
