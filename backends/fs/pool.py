@@ -58,8 +58,6 @@ _STALE_S = 0.5  # ... and one putting from its credit at least this often
 _CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
 _CREDIT_SHARE = 16  # ... and at most this fraction of the capacity
 _JOURNAL_MAX = 1 << 16  # a process's journal is emptied once it is longer
-_COUNT_S = 1.0  # stats count the index's rows at most this often, and at most 1% of the time,
-_CHEAP_S = 1e-3  # ... unless the last count took less than this: then at every call
 
 
 #: Deletes the victims' files; answers, per victim, whether its file is gone.
@@ -94,7 +92,6 @@ class SharedPool:
         self._journal_fd = -1
         self._journaled = 0  # bytes appended since the journal was last emptied
         self._last_put = self._flushed = 0.0
-        self._counted = (-1e9, 0.0, (0, 0, 0))  # stats: when, its cost, (blocks, own, bytes)
         self._lock = threading.Lock()  # the credit's; never held during I/O
         self._evicting = threading.Lock()
         self._eviction = eviction
@@ -548,7 +545,7 @@ class SharedPool:
         process's own share: its count alone kept every block it wrote or found,
         whoever evicted it since, and grew without bound.  Other processes' writes are
         counted once they have their rows, within 50 ms of their last put; the blocks
-        and the own share are counted at most once a second (:meth:`_figures`)."""
+        and the own share are counted at most once a second (:meth:`.PoolPolicy.counts`)."""
         try:
             used, inflight, stored, (blocks, own_blocks, own_bytes) = self._session.read(
                 self._figures)
@@ -570,22 +567,12 @@ class SharedPool:
         """For :meth:`stats`, outside a transaction (no lock of the index; the session's
         held, so no flush runs meanwhile): the scope's bytes and bytes in flight, the
         bytes of this process's writes landed that have no row yet (counted in flight
-        until then), and the blocks, own blocks and own bytes, this process's landed
-        writes included.  Those are counted (:meth:`.PoolPolicy.figures`, a scan that
-        stats read by an engine at every step would repeat) at every call while a count
-        takes less than :data:`_CHEAP_S` (an index of thousands of rows), else at most
-        every :data:`_COUNT_S`, or 100 times as long as counting took."""
+        until then), and the rows counted (:meth:`.PoolPolicy.counts`)."""
         used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
                                     (self.scope,)).fetchall()[0]
         with self._lock:
             landed, stored = len(self.landed), sum(size for _, size, _ in self.landed)
-        now = time.monotonic()
-        when, cost, counts = self._counted
-        if cost < _CHEAP_S or now - when > max(_COUNT_S, 100 * cost):
-            blocks, own_blocks, own_bytes = self.policy.figures(db, self.ns, self.me)
-            counts = blocks + landed, own_blocks + landed, own_bytes + stored
-            self._counted = now, time.monotonic() - now, counts
-        return used, inflight, stored, counts
+        return used, inflight, stored, self.policy.counts(db, self.ns, self.me, landed, stored)
 
 
 def attach(store: Any, options: Mapping[str, Any], namespace: str) -> Any:

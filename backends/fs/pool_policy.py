@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +80,8 @@ _MAX_FREQ = S3Fifo.MAX_FREQ
 _SMALL_DIVISOR = S3Fifo.SMALL_DIVISOR
 
 Row = tuple[str, bytes, int]
+_COUNT_S = 1.0  # stats count the index's rows at most this often, and at most 1% of the time,
+_CHEAP_S = 1e-3  # ... unless the last count took less than this: then at every call
 
 #: The namespace where a chain records the descriptors of its namespaces (model, dtype,
 #: ...), each under the fingerprint of the namespace it describes:
@@ -177,6 +180,7 @@ class PoolPolicy:
         self.scope = scope
         self.where = "" if scope == "*" else "ns = ? AND "
         self.args: tuple[Any, ...] = () if scope == "*" else (scope,)
+        self._counted = (-1e9, 0.0, (0, 0, 0))  # counts(): when, its cost, what
 
     # uses and new rows -----------------------------------------------------------
     def touch(self, used: dict[bytes, int], keys: Any, now: int) -> None:
@@ -314,6 +318,21 @@ class PoolPolicy:
         kept = f" AND {_KEPT}" if evictable else ""
         return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
                               f"state = 'S'{kept}", self.args).fetchall()[0][0])
+
+    def counts(self, db: sqlite3.Connection, ns: str, writer: str, landed: int,
+               stored: int) -> tuple[int, int, int]:
+        """:meth:`figures`, with ``landed`` blocks of ``stored`` bytes ``writer`` wrote and
+        has not made rows for yet; counted (a scan, which the stats an engine reads at
+        every step would repeat) at every call while a count takes less than
+        :data:`_CHEAP_S` (an index of thousands of rows), else at most every
+        :data:`_COUNT_S`, or 100 times as long as counting took."""
+        now = time.monotonic()
+        when, cost, counts = self._counted
+        if cost < _CHEAP_S or now - when > max(_COUNT_S, 100 * cost):
+            blocks, own_blocks, own_bytes = self.figures(db, ns, writer)
+            counts = blocks + landed, own_blocks + landed, own_bytes + stored
+            self._counted = now, time.monotonic() - now, counts
+        return counts
 
     def figures(self, db: sqlite3.Connection, ns: str, writer: str) -> tuple[int, int, int]:
         """The scope's blocks; the blocks and bytes of ``ns`` that ``writer`` wrote (or
