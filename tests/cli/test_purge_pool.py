@@ -31,11 +31,11 @@ def blocks_of(root: Path, ns: str) -> set[str]:
             if name.endswith(".kvb")}
 
 
-def fill(tmp_path: Path) -> tuple[Path, Path]:
+def fill(tmp_path: Path, eviction: str = "lru") -> tuple[Path, Path]:
     """Model A writes 60 blocks, then model B 10, into one pool of 1 MiB (64 blocks)."""
     root = tmp_path / "pool"
     tier = {"name": "disk", "backend": "fs", "url": str(root), "capacity": "1MiB",
-            "capacity_scope": "pool", "direct_io": False}
+            "capacity_scope": "pool", "direct_io": False, "eviction": eviction}
     path = tmp_path / "tiers.yaml"
     path.write_text(yaml.safe_dump({"chain": [tier]}))
     with kvtier.open_chain(str(path), namespace=MODEL_B) as b_chain:  # B's descriptor first
@@ -49,8 +49,10 @@ def fill(tmp_path: Path) -> tuple[Path, Path]:
     return root, path
 
 
-def test_the_pool_keeps_the_descriptor_of_a_namespace_with_blocks(tmp_path: Path) -> None:
-    root, path = fill(tmp_path)
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo"])
+def test_the_pool_keeps_the_descriptor_of_a_namespace_with_blocks(tmp_path: Path,
+                                                                  eviction: str) -> None:
+    root, path = fill(tmp_path, eviction)
     descriptors = blocks_of(root, CATALOG_HEX)
     assert {f"{MODEL_A.hex}.kvb", f"{MODEL_B.hex}.kvb"} == descriptors
     shown = CliRunner().invoke(cli, ["inspect", str(path), "--json"])
