@@ -158,6 +158,7 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     assert set(opts) == {
         "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options",
         "pool", "capacity_scope", "min_free", "pool_lease", "sizing_sample", "eviction",
+        "read_only",
     }
     assert opts["eviction"].default == "lru"
     assert opts["url"].required
