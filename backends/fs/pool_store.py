@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,27 @@ class PoolStore(LocalStore):
 
     def evicted(self, fd: int) -> bool:
         return os.fstat(fd).st_nlink == 0
+
+    def remove(self, key: bytes) -> bool:
+        """An explicit evict's deletion, whose row went first (``SharedPool.forget``): a
+        file that a fault of its own keeps (``EPERM``, ``EIO``) is counted again, else it
+        stayed on the disk uncounted until the next open."""
+        try:
+            return super().remove(key)
+        except OSError:
+            with contextlib.suppress(OSError):  # the deletion's fault is the one to raise
+                size = self.size(key)
+                if size is not None:
+                    self._count_again(key, size)
+            raise
+
+    def _count_again(self, key: bytes, size: int) -> None:
+        pool = self.pool
+        with pool._txn() as db:  # as a file found at open (SharedPool.adopt)
+            if db.execute("INSERT OR IGNORE INTO blocks(ns, key, size, state, writer, used) "
+                          "VALUES (?, ?, ?, 'S', ?, ?)",
+                          (pool.ns, key, size, pool.me, time.time_ns())).rowcount:
+                pool._add(db, pool.ns, size, 0)
 
     def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
         try:

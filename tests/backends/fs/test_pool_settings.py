@@ -215,3 +215,28 @@ def test_min_free_refuses_what_is_no_floor(tmp_path: Path, value: Any) -> None:
     checked = CliRunner().invoke(cli, ["config", "validate", str(path)])
     assert checked.exit_code == 2 and "min_free" in checked.output, checked.output
     assert "Traceback" not in checked.output
+
+
+def test_a_block_an_evict_cannot_delete_stays_counted(tmp_path: Path) -> None:
+    root, size = tmp_path / "pool", 4 * KiB
+    tier = open_backend({"url": str(root), "namespace": NS, "options": {"capacity": "1MiB"}})
+    try:
+        keys = [b"a", b"b"]
+        assert list(tier.put(keys, [block(k, size) for k in keys], [])) == [True, True]
+        stuck = tier.instance._store.path(b"a")
+        made = subprocess.run(["chattr", "+i", stuck], capture_output=True, check=False)
+        if made.returncode:
+            pytest.skip(f"chattr +i refused here: {made.stderr.decode().strip()}")
+        try:
+            assert list(tier.evict(keys)) == [False, True]  # a fault of that file: kept
+            stats = tier.stats()
+        finally:
+            subprocess.run(["chattr", "-i", stuck], check=True)
+    finally:
+        tier.close()
+    assert files_on_disk(root, NS) == {b"a": size}
+    # the file that stayed is counted: the pool's row went before the deletion failed
+    with sqlite3.connect(root / DB_NAME) as db:
+        assert db.execute("SELECT key, size FROM blocks").fetchall() == [(b"a", size)]
+        assert db.execute("SELECT bytes FROM totals WHERE scope = ?", (NS,)).fetchone() == (size,)
+    assert (stats["used_bytes"], stats["blocks"]) == (size, 1)
