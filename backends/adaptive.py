@@ -1,6 +1,6 @@
 """``eviction: adaptive``: follows whichever fixed policy hits most on the recent traffic.
 
-The candidates are :mod:`.eviction`'s ``lru``, ``arc`` and ``s3fifo``;
+The candidates are :mod:`.fixed_policies`' ``lru``, ``arc`` and ``s3fifo``;
 :func:`kvtier.backends.eviction.new_policy` builds this one for
 ``"adaptive"``.  How it chooses, and the figures behind its constants, are
 in :class:`Adaptive` and BENCHMARKS.md ("adaptive beside the best fixed
@@ -16,7 +16,7 @@ import xxhash
 
 from kvtier.spec.base import Evicted
 
-from .eviction import FIXED_POLICIES, Arc, Lru, S3Fifo, Sized
+from .fixed_policies import FIXED_POLICIES, Arc, Lru, S3Fifo, Sized
 
 __all__ = ["Adaptive"]
 
