@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -13,6 +14,9 @@ from kvtier import __version__
 from kvtier.cli.output import console
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import CONTRACT_VERSION, Capabilities, KvtierError, PluginError
+
+if TYPE_CHECKING:
+    from kvtier.config.loader import ChainConfig
 
 __all__ = ["main"]
 
@@ -76,6 +80,24 @@ def config() -> None:
     """Check and explain chain configuration files."""
 
 
+def _validated(file: str) -> ChainConfig:
+    """FILE's chain; else every problem on stderr, a line each, and exit 2."""
+    from kvtier.config.loader import validate_config
+
+    try:
+        loaded, problems = validate_config(file)
+    except KvtierError as exc:  # a backend that cannot be loaded
+        _fail(exc)
+        raise
+    if problems or loaded is None:
+        err = console(stderr=True)
+        for problem in problems:
+            err.print(f"[bold red]error:[/] {escape(str(problem))}")
+        err.print(escape(f"{file}: {len(problems)} problem(s)"))
+        sys.exit(2)
+    return loaded
+
+
 @config.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 def validate(file: str) -> None:
@@ -83,41 +105,36 @@ def validate(file: str) -> None:
 
     Each problem names the file, the line, the key and the tier.
     """
-    from kvtier.config.loader import validate_config
-
-    try:
-        loaded, problems = validate_config(file)
-    except KvtierError as exc:  # a backend that cannot be loaded
-        _fail(exc)
-        return
-    if problems or loaded is None:
-        err = console(stderr=True)
-        for problem in problems:
-            err.print(f"[bold red]error:[/] {escape(str(problem))}")
-        err.print(escape(f"{file}: {len(problems)} problem(s)"))
-        sys.exit(2)
+    loaded = _validated(file)
     names = " -> ".join(t.name for t in loaded.tiers)
     console().print(escape(f"{file}: OK, {len(loaded.tiers)} tier(s): {names}"))
 
 
 @config.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-def explain(file: str) -> None:
-    """Show the chain in FILE as a table, with defaults filled in."""
-    from kvtier.config.loader import describe, load_config
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON document.")
+def explain(file: str, as_json: bool) -> None:
+    """Every effective setting of every tier in FILE, and of the chain, with its source.
 
-    try:
-        loaded = load_config(file)
-    except KvtierError as exc:
-        _fail(exc)
+    The source is the default, the file (with its line) or the environment
+    (a ${VAR} in the file, named); secret options show ***.  A file with
+    problems exits 2 with every problem, as validate does.
+    """
+    from kvtier.config.explain import explain as settings_of
+
+    loaded = _validated(file)
+    rows = settings_of(loaded)
+    if as_json:
+        click.echo(json.dumps({"file": file, "settings": [r.as_json() for r in rows]},
+                              indent=2))
         return
-    rows: list[dict[str, Any]] = describe(loaded)
-    table = Table(title=f"chain in {file} (reads go top to bottom)")
-    columns = list(rows[0]) if rows else []
-    for column in columns:
+    table = Table(title=f"settings of the chain in {file} (tiers top to bottom, then the chain)")
+    for column in ("tier", "key", "value", "source", "line"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*(escape(str(row[c])) for c in columns))
+        source = f"env ({', '.join(row.variables)})" if row.variables else row.source
+        line = (row.where or "-").removeprefix(f"{file}:")  # the title names the file
+        table.add_row(*(escape(c) for c in (row.tier, row.key, row.value, source, line)))
     console().print(table)
 
 

@@ -1,4 +1,5 @@
-"""Chain configuration: the YAML loader and the size and duration units.
+"""Chain configuration: the YAML loader, the size and duration units, and ``explain``
+(every effective setting and where it came from).
 
 May import :mod:`kvtier.block` (codec names, shuffle widths and zstd levels
 are facts of the block format), :mod:`kvtier.plugins` (to validate backend
@@ -7,12 +8,12 @@ options) and :mod:`kvtier.spec`.
 
 from __future__ import annotations
 
+from kvtier.config.explain import Setting, explain
 from kvtier.config.loader import (
     TIER_KEYS,
     ChainConfig,
     MetricsConfig,
     TierConfig,
-    describe,
     load_config,
 )
 from kvtier.config.units import format_size, parse_duration, parse_size
@@ -21,8 +22,9 @@ __all__ = [
     "TIER_KEYS",
     "ChainConfig",
     "MetricsConfig",
+    "Setting",
     "TierConfig",
-    "describe",
+    "explain",
     "format_size",
     "load_config",
     "parse_duration",

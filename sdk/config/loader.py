@@ -19,7 +19,7 @@ import difflib
 import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -39,7 +39,7 @@ from kvtier.plugins.options import (
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError
 
-__all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "describe", "load_config",
+__all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "load_config",
            "sample_problem", "validate_config"]
 
 _TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS, *RECORD_KEYS)
@@ -125,6 +125,10 @@ class ChainConfig:
     source: str
     load: LoadConfig = field(default_factory=LoadConfig)
     record: RecordConfig | None = None
+    #: ``file:line`` of every key path the source sets (``chain[1].url``), for ``explain``.
+    given: Mapping[str, str] = field(default_factory=dict)
+    #: The environment variables whose values went into each key path's value.
+    env: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def load_config(
@@ -170,36 +174,6 @@ def validate_config(
     return _Validator(label, lines, reg, problems).run(data)
 
 
-def describe(config: ChainConfig) -> list[dict[str, str]]:
-    """One row of display strings per tier, for ``kvtier config explain``."""
-    rows = []
-    for i, tier in enumerate(config.tiers):
-        opts = ", ".join(
-            f"{k}={'***' if k in tier.secret_options else _show(v)}"
-            for k, v in tier.options.items() if v is not None
-        )
-        shuffle = tier.shuffle if isinstance(tier.shuffle, str) else (
-            f"{tier.shuffle} bytes" if tier.shuffle > 1 else "off")
-        codec = f"zstd (level {tier.codec_level})" if tier.codec == "zstd" else tier.codec
-        rows.append({
-            "tier": str(i), "name": tier.name, "backend": tier.backend, "options": opts or "-",
-            "codec": codec, "shuffle": shuffle, "write": "-" if i == 0 else tier.write,
-            "promote": _show(tier.promote), "verify": _show(tier.verify),
-            "workers": str(tier.workers), "where": tier.where,
-        })
-    return rows
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    return str(value)
-
-
 def _in_tier(problem: ConfigError, name: str, name_key: str) -> ConfigError:
     """``problem`` saying which tier it is in (not for the tier's name itself)."""
     if problem.key == name_key or problem.reason.endswith(f"(tier {name!r})"):
@@ -238,6 +212,7 @@ class _Validator:
         self.lines = lines
         self.registry = registry
         self.problems: list[ConfigError] = list(problems or ())
+        self.env: dict[str, tuple[str, ...]] = {}
 
     def run(self, data: Any) -> tuple[ChainConfig | None, list[ConfigError]]:
         config = None
@@ -315,7 +290,17 @@ class _Validator:
         with self.collect():
             record = parse_record(top, self.scalar, self.fail)
         return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label, load,
-                           record)
+                           record, dict(self.given(top, "")), dict(self.env))
+
+    def given(self, value: Any, path: str) -> Iterator[tuple[str, str]]:
+        """``(key path, file:line)`` of every key under ``value``, at any depth."""
+        items = (value.items() if isinstance(value, Mapping) else
+                 enumerate(value) if isinstance(value, (list, tuple)) else ())
+        for key, sub in items:
+            inner = (f"{path}[{key}]" if isinstance(key, int) else
+                     f"{path}.{key}" if path else str(key))
+            yield inner, self.where(inner)
+            yield from self.given(sub, inner)
 
     def metrics(self, value: Any) -> MetricsConfig:
         if value is None:
@@ -507,6 +492,8 @@ class _Validator:
                 self.fail(path, f"environment variable {name} is not set "
                                 f"(use ${{{name}:-default}} for a fallback)")
             substituted = True
+            if found or (found is not None and not sep):  # not the file's fallback
+                self.env[path] = (*self.env.get(path, ()), name)
             return found if found else default if sep else ""
 
         result = _VAR_RE.sub(one, text) if "$" in text else text

@@ -89,7 +89,10 @@ def test_explain_and_inspect_rows_whole(tmp_path: Path) -> None:
     explained = CliRunner().invoke(cli, ["config", "explain", str(config)],
                                    catch_exceptions=False)
     assert explained.exit_code == 0, explained.output
-    assert f"url=file://{root}," in row_of(explained.stdout, "1")
+    (url,) = [ln for ln in explained.stdout.splitlines() if "│ url " in ln]
+    line = next(i for i, ln in enumerate(config.read_text().splitlines(), 1) if "url:" in ln)
+    assert [c.strip() for c in url.split("│")[1:-1]] == ["disk", "url", f"file://{root}",
+                                                          "file", str(line)]
 
     namespace = kvtier.Namespace(LONG_MODEL, dtype="bfloat16", tokens_per_block=16)
     with kvtier.open_chain(str(config), namespace=namespace) as chain:

@@ -1,5 +1,5 @@
-"""kvtier.config loading what it should: the example, every key, YAML anchors, ``describe``'s
-rows, and a dict source (with its errors)."""
+"""kvtier.config loading what it should: the example, every key, YAML anchors, and a dict
+source (with its errors); ``explain``'s rows are in test_config_explain.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from config_fakes import EXAMPLE, SECRET, GiB, fails, write
+from config_fakes import EXAMPLE, GiB, fails, write
 
-from kvtier.config import TIER_KEYS, ChainConfig, MetricsConfig, describe, load_config
+from kvtier.config import TIER_KEYS, ChainConfig, MetricsConfig, load_config
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import PluginError
 
@@ -112,34 +112,6 @@ def test_anchor_and_merge_keys(tmp_path: Path, registry: BackendRegistry) -> Non
     cfg = load_config(path, registry=registry)
     assert [t.name for t in cfg.tiers] == ["ram", "ram2"]
     assert cfg.tiers[1].options["capacity"] == 2 * GiB
-
-
-# -- describe ---------------------------------------------------------------------
-
-
-def test_describe(tmp_path: Path, registry: BackendRegistry,
-                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TOKEN", SECRET)
-    text = EXAMPLE.replace("    write: back\n", "    write: back\n    token: ${TOKEN}\n"
-                           "    paths: [a, b]\n    shuffle: 2\n    codec_level: 5\n")
-    path = write(tmp_path, text)
-    cfg = load_config(path, registry=registry)
-    assert cfg.tiers[1].options["token"] == SECRET
-    rows = describe(cfg)
-    assert SECRET not in repr(rows)
-    ram, nvme = rows
-    assert ram == {
-        "tier": "0", "name": "ram", "backend": "host",
-        "options": f"capacity={8 * GiB}, eviction=arc",
-        "codec": "none", "shuffle": "auto", "write": "-", "promote": "yes", "verify": "yes",
-        "workers": "2", "where": f"{path}:2",
-    }
-    assert nvme["options"] == (
-        f"url=file:///var/cache/kvtier, capacity={500 * GiB}, timeout=2.0, retries=3, "
-        "ratio=0.9, sync=no, paths=[a, b], token=***"
-    )
-    assert (nvme["codec"], nvme["shuffle"], nvme["write"]) == ("zstd (level 5)", "2 bytes", "back")
-    assert all(isinstance(v, str) for row in rows for v in row.values())
 
 
 # -- dict source --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from seaweed import SeaweedServer
 import kvtier
 from kvtier.backends.fs.index import INDEX_NAME
 from kvtier.chain.catalog import CATALOG_HEX
-from kvtier.config import describe, load_config
+from kvtier.config import explain, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("sdk", "spec", "backends", "contrib")
@@ -136,7 +136,7 @@ def test_secrets_never_logged_or_shown(tmp_path: Path, caplog: pytest.LogCapture
                            connect_timeout="1s")
         caplog.set_level(logging.DEBUG)
         config = load_config({"chain": [tier]})
-        shown = [str(describe(config))]
+        shown = [str(explain(config))]
         with kvtier.open_chain(config, namespace="secrets") as chain:
             assert chain.put([b"k"], [b"v"]) == [True]
             server.kill()  # every request fails from here on, and is logged

@@ -127,9 +127,11 @@ def test_config_validate_ok_and_explain_table(tmp_path: Path) -> None:
     assert ok.returncode == 0 and f"{path}: OK, 2 tier(s): ram -> disk" in ok.stdout
     explained = kvtier("config", "explain", str(path))
     assert explained.returncode == 0, explained.stderr
-    rows = [line for line in explained.stdout.splitlines() if "│" in line]
-    assert any("ram" in r and "host" in r and "eviction=arc" in r for r in rows)
-    assert any("disk" in r and "fs" in r and "back" in r for r in rows)
+    rows = [[c.strip() for c in line.split("│")[1:-1]]
+            for line in explained.stdout.splitlines() if line.startswith("│")]
+    assert ["ram", "eviction", "arc", "file", "5"] in rows
+    assert ["disk", "write", "back", "file", "9"] in rows
+    assert ["disk", "verify", "true", "default", "-"] in rows
 
 
 @pytest.mark.parametrize(
