@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier import __version__
-from kvtier.cli import output
+from kvtier import console as output
 from kvtier.plugins.registry import BackendInfo
 from kvtier.spec import CONTRACT_VERSION, KvtierError
 from kvtier.testing.groups import CHAIN_OF_ONE, GROUPS, REQUIREMENTS, SETTINGS
@@ -89,6 +89,8 @@ class GroupResult:
     skipped: int = 0
     skip_reasons: list[str] = field(default_factory=list)
     failures: list[dict[str, str]] = field(default_factory=list)
+    #: Figures its tests recorded (``record_property``): the crash test's kill points.
+    figures: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_option(text: str) -> tuple[str, Any]:
@@ -112,6 +114,7 @@ class _Collector:
     def __init__(self) -> None:
         self.group_of: dict[str, str] = {}
         self.outcome: dict[str, tuple[str, str]] = {}  # nodeid -> (outcome, detail)
+        self.figures: dict[str, dict[str, Any]] = {}  # nodeid -> recorded properties
 
     def pytest_collection_finish(self, session: Any) -> None:
         for item in session.items:
@@ -120,6 +123,8 @@ class _Collector:
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         nodeid = report.nodeid
+        if report.when == "call" and report.user_properties:
+            self.figures.setdefault(nodeid, {}).update(report.user_properties)
         if report.skipped:
             longrepr = report.longrepr
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
@@ -143,6 +148,9 @@ class _Collector:
             else:
                 result.failed += 1
                 result.failures.append({"test": nodeid.rpartition("::")[2], "message": detail})
+        for nodeid, figures in self.figures.items():
+            groups.setdefault(self.group_of.get(nodeid, "other"), GroupResult()).figures.update(
+                figures)
         return groups
 
 
@@ -402,7 +410,8 @@ def _print_table(
                 shown.append(f"and {r.failed - 3} more")
             note = "[red]" + escape("\n".join(shown)) + "[/]"
         else:
-            note = escape("; ".join(r.skip_reasons))
+            figures = [f"{name}={value}" for name, value in r.figures.items()]
+            note = escape("; ".join([*figures, *r.skip_reasons]))
         failed_text = f"[bold red]{r.failed}[/]" if r.failed else "0"
         table.add_row(group, str(r.passed), failed_text, str(r.skipped), note)
     out.print(table)

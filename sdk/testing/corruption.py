@@ -70,7 +70,7 @@ class CorruptionTests(KitBase):
         chain = self.open_chain()
         keys = [key_of("tamper", i) for i in range(4)]
         blocks = [block_for(k, SIZE) for k in keys]
-        assert chain.put(keys, blocks) == [True] * 4
+        assert chain.put(keys, blocks) == [True] * 4, "a chain over the backend refused 4 puts"
         chain.flush()
         handle = chain.tiers[0].handle
         victim, other = keys[1], keys[2]
@@ -90,7 +90,7 @@ class CorruptionTests(KitBase):
             f"{damage}: the rejected block was not dropped: lookups still find it"
         )
         # stored and damaged again, for the other read path
-        assert chain.put([victim], [blocks[1]]) == [True]
+        assert chain.put([victim], [blocks[1]]) == [True], "a chain over the backend refused a put"
         chain.flush()
         assert handle.tamper(victim, transform) is True, "kvtier_tamper of a stored key: not True"
         assert chain.get_bytes([victim]) == [None], (
@@ -110,4 +110,6 @@ class CorruptionTests(KitBase):
             assert got == want, f"{damage}: get_bytes({key!r}) returned {describe(want, got)}"
 
     def test_tamper_of_an_unknown_key_answers_false(self) -> None:
-        assert self.store.tamper(key_of("tamper", 99), lambda b: b) is False
+        assert self.store.tamper(key_of("tamper", 99), lambda b: b) is False, (
+            "kvtier_tamper of a key never stored must answer False"
+        )

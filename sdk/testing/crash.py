@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import pytest
 
 from .base import KitBase, kit_group
-from .data import KIB, MIB, block_for, crash_key, crash_plan, crash_size, describe, key_of
+from .data import KIB, MIB, block_for, crash_key, crash_plan, crash_size, describe, key_of, shown
 
 __all__ = ["CrashSafetyTests", "spread_points"]
 
@@ -333,6 +333,14 @@ class CrashSafetyTests(KitBase):
             # the store must still work after a crash, not only read
             probe = key_of("after-crash", number)
             block = block_for(probe, 4 * KIB)
-            assert self.store.put([probe], [block]) == [True]
-            assert self.store.get([probe]) == [block]
+            flags = self.store.put([probe], [block])
+            assert flags == [True], (
+                f"put answered {flags} where [True] was expected: "
+                "a put of blocks within the declared limits stores each and answers True"
+            )
+            got = self.store.get([probe])
+            assert got == [block], (
+                f"get returned {shown(got)} where [block] was expected: "
+                "a block reads back exactly as stored, and a key not stored is a miss"
+            )
             self.store.close()

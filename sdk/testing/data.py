@@ -26,6 +26,7 @@ __all__ = [
     "crash_size",
     "describe",
     "key_of",
+    "shown",
     "size_for",
 ]
 
@@ -91,6 +92,11 @@ def crash_plan(limit: int) -> list[list[tuple[int, int]]]:
         plan.append([(index + i, max(1, min(size, limit))) for i, size in enumerate(batch)])
         index += len(batch)
     return plan
+
+
+def shown(blocks: list[bytes | None]) -> str:
+    """Blocks as a message shows them: their lengths, not their bytes."""
+    return "[" + ", ".join("None" if b is None else f"{len(b)} bytes" for b in blocks) + "]"
 
 
 def describe(expected: bytes | None, got: bytes | None) -> str:

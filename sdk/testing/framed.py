@@ -16,7 +16,7 @@ import secrets
 from kvtier.block import framing
 
 from .base import KitBase, kit_group
-from .data import block_for, describe, key_of
+from .data import block_for, describe, key_of, shown
 
 __all__ = ["FramedTests"]
 
@@ -37,8 +37,16 @@ class FramedTests(KitBase):
             f"put of raw bytes and of a frame of another namespace answered {flags}; a "
             "backend declaring framed_only=True refuses both"
         )
-        assert self.store.get([raw, foreign]) == [None, None]
-        assert self.store.lookup([raw, foreign]) == [False, False]
+        got = self.store.get([raw, foreign])
+        assert got == [None, None], (
+            f"get returned {shown(got)} where [None, None] was expected: "
+            "a block reads back exactly as stored, and a key not stored is a miss"
+        )
+        flags = self.store.lookup([raw, foreign])
+        assert flags == [False, False], (
+            f"lookup answered {flags} where [False, False] was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
 
     def test_framed_blocks_are_stored(self) -> None:
         keys = [key_of("framed", i) for i in range(3)]
@@ -48,5 +56,13 @@ class FramedTests(KitBase):
         )
         for key, want, have in zip(keys, frames, self.store.get(keys)):
             assert have == want, f"get({key!r}) of a framed block returned {describe(want, have)}"
-        assert self.store.evict(keys[:1]) == [True]
-        assert self.store.get(keys[:1]) == [None]
+        flags = self.store.evict(keys[:1])
+        assert flags == [True], (
+            f"evict answered {flags} where [True] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
+        got = self.store.get(keys[:1])
+        assert got == [None], (
+            f"get returned {shown(got)} where [None] was expected: "
+            "a block reads back exactly as stored, and a key not stored is a miss"
+        )

@@ -12,7 +12,7 @@ from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import Capabilities, ClosedError, Option, OptionType, PluginError
 
 from .base import KitBase, kit_group
-from .data import block_for, key_of
+from .data import block_for, key_of, shown
 
 __all__ = ["LifecycleTests"]
 
@@ -59,7 +59,11 @@ class LifecycleTests(KitBase):
         if hook not in self.store.hooks:
             pytest.skip(f"backend {self.backend!r} does not implement {hook}")
         key = key_of("closing", 0)
-        assert self.store.put([key], [block_for(key, 10)]) == [True]
+        flags = self.store.put([key], [block_for(key, 10)])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self.store.close()
         with pytest.raises(ClosedError):
             AFTER_CLOSE[hook](handle, self)
@@ -83,7 +87,9 @@ class LifecycleTests(KitBase):
             caps = self.store.handle.capabilities()
         except PluginError as exc:
             pytest.fail(str(exc))
-        assert isinstance(caps, Capabilities)
+        assert isinstance(caps, Capabilities), (
+            f"kvtier_capabilities answered a {type(caps).__name__}, not kvtier.spec.Capabilities"
+        )
         for name in ("capacity", "max_block_size"):
             value = getattr(caps, name)
             assert value is None or (type(value) is int and value > 0), (
@@ -109,27 +115,53 @@ class LifecycleTests(KitBase):
                 f"kvtier_capabilities of an instance never opened raised {exc!r}; it answers "
                 "for the default options, without I/O"
             ) from exc
-        assert isinstance(caps, Capabilities)
+        assert isinstance(caps, Capabilities), (
+            f"kvtier_capabilities answered a {type(caps).__name__}, not kvtier.spec.Capabilities"
+        )
 
     def test_namespaces_are_isolated(self) -> None:
         key = key_of("ns", 0)
         mine = block_for(key, 500)
-        assert self.store.put([key], [mine]) == [True]
+        flags = self.store.put([key], [mine])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         other = self.open_backend(secrets.token_hex(16))
         assert other.lookup([key]) == [False], "a key of another namespace is visible"
         assert other.get([key]) == [None], "a block of another namespace was served"
         theirs = block_for(key + b"/other", 700)
-        assert other.put([key], [theirs]) == [True]
-        assert other.get([key]) == [theirs]
+        flags = other.put([key], [theirs])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
+        got = other.get([key])
+        assert got == [theirs], (
+            f"get returned {shown(got)} where [theirs] was expected: "
+            "a block reads back exactly as stored, and a key not stored is a miss"
+        )
         assert self.store.get([key]) == [mine], "another namespace's put replaced this block"
-        assert other.evict([key]) == [True]
+        flags = other.evict([key])
+        assert flags == [True], (
+            f"evict answered {flags} where [True] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         assert self.store.get([key]) == [mine], "another namespace's evict removed this block"
 
     def test_close_then_open_a_new_instance(self) -> None:
         key = key_of("reuse", 0)
-        assert self.store.put([key], [block_for(key, 64)]) == [True]
+        flags = self.store.put([key], [block_for(key, 64)])
+        assert flags == [True], (
+            f"put answered {flags} where [True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         # a closed instance must release what it holds (locks, handles)
         fresh = self.reopen()
         other = key_of("reuse", 1)
-        assert fresh.put([other], [block_for(other, 64)]) == [True]
-        assert fresh.get([other]) == [block_for(other, 64)]
+        assert fresh.put([other], [block_for(other, 64)]) == [True], (
+            "a put into an instance opened after another was closed was refused"
+        )
+        assert fresh.get([other]) == [block_for(other, 64)], (
+            "an instance opened after another was closed lost a block it had just stored"
+        )

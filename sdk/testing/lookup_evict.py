@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import KitBase, kit_group
-from .data import block_for, describe, key_of, size_for
+from .data import block_for, describe, key_of, shown, size_for
 
 __all__ = ["EvictTests", "LookupTests"]
 
@@ -36,8 +36,8 @@ class LookupTests(KitBase):
         )
         got = self.store.get(keys)
         assert got == [None] * 5, (
-            f"get answered {got} where [None] * 5 was expected: "
-            "get answers one block or None per key"
+            f"get returned {shown(got)} where [None] * 5 was expected: "
+            "a block reads back exactly as stored, and a key not stored is a miss"
         )
 
     def test_lookup_agrees_with_get_after_random_operations(self) -> None:
@@ -160,8 +160,8 @@ class EvictTests(KitBase):
         )
         got = self.store.get([key])
         assert got == [block], (
-            f"get answered {got} where [block] was expected: "
-            "get answers one block or None per key"
+            f"get returned {shown(got)} where [block] was expected: "
+            "a block reads back exactly as stored, and a key not stored is a miss"
         )
         flags = self.store.lookup([key])
         assert flags == [True], (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import KitBase, kit_group
-from .data import KIB, MIB, block_for, describe, key_of
+from .data import KIB, MIB, block_for, describe, key_of, shown
 
 __all__ = ["PersistenceTests"]
 
@@ -41,7 +41,11 @@ class PersistenceTests(KitBase):
     ) -> None:
         blocks = [block_for(k, s) for k, s in zip(keys, sizes)]
         evicted: list[tuple[bytes, bytes]] = []
-        assert self.store.put(keys, blocks, evicted) == [True] * len(keys)
+        flags = self.store.put(keys, blocks, evicted)
+        assert flags == [True] * len(keys), (
+            f"put answered {flags} where [True] * len(keys) was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         model.update(zip(keys, blocks))
         for key, _ in evicted:
             model[key] = None
@@ -64,7 +68,11 @@ class PersistenceTests(KitBase):
         small = [key_of("small", i) for i in range(12)]
         self._persistence_put(model, small, [10 + i for i in range(12)])
         gone = small[::3]
-        assert self.store.evict(gone) == [True] * len(gone)
+        flags = self.store.evict(gone)
+        assert flags == [True] * len(gone), (
+            f"evict answered {flags} where [True] * len(gone) was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         model.update(dict.fromkeys(gone))
         self._persistence_reopen("first reopen")
         self._persistence_verify(model, "after the first reopen")
@@ -72,7 +80,11 @@ class PersistenceTests(KitBase):
         more = [key_of("more", i) for i in range(5)]
         self._persistence_put(model, more, [4 * KIB] * 5)
         again = [small[1], more[0]]
-        assert self.store.evict(again) == [True, True]
+        flags = self.store.evict(again)
+        assert flags == [True, True], (
+            f"evict answered {flags} where [True, True] was expected: "
+            "evict answers True exactly where it removed a stored block"
+        )
         model.update(dict.fromkeys(again))
         self._persistence_reopen("second reopen")
         self._persistence_verify(model, "after the second reopen")
@@ -80,8 +92,16 @@ class PersistenceTests(KitBase):
     def test_empty_store_reopens_empty(self) -> None:
         self._persistence_reopen("reopen of an empty store")
         keys = [key_of("nothing", i) for i in range(3)]
-        assert self.store.lookup(keys) == [False] * 3
-        assert self.store.get(keys) == [None] * 3
+        flags = self.store.lookup(keys)
+        assert flags == [False] * 3, (
+            f"lookup answered {flags} where [False] * 3 was expected: "
+            "lookup answers True exactly for the keys stored"
+        )
+        got = self.store.get(keys)
+        assert got == [None] * 3, (
+            f"get returned {shown(got)} where [None] * 3 was expected: "
+            "a block reads back exactly as stored, and a key not stored is a miss"
+        )
         blocks = self.store.stats().get("blocks")
         assert blocks in (None, 0), f"an empty store reopened with stats()['blocks'] = {blocks}"
 

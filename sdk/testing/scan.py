@@ -42,7 +42,11 @@ class ScanTests(KitBase):
         keys = [key_of(tag, i) for i in range(count)]
         blocks = {key: block_for(key, 200 + 131 * i) for i, key in enumerate(keys)}
         evicted: list[tuple[bytes, bytes]] = []
-        assert self.store.put(list(blocks), list(blocks.values()), evicted) == [True] * count
+        flags = self.store.put(list(blocks), list(blocks.values()), evicted)
+        assert flags == [True] * count, (
+            f"put answered {flags} where [True] * count was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         for key, _ in evicted:
             blocks.pop(key, None)
         return blocks
@@ -68,7 +72,11 @@ class ScanTests(KitBase):
     def test_scan_lists_exactly_what_is_held(self) -> None:
         held = self._put_blocks("scan", 12)
         for key in list(held)[:3]:
-            assert self.store.evict([key]) == [True]
+            flags = self.store.evict([key])
+            assert flags == [True], (
+                f"evict answered {flags} where [True] was expected: "
+                "evict answers True exactly where it removed a stored block"
+            )
             del held[key]
         self._check_listing(held, self.namespace, "after 12 puts and 3 evicts")
         self._check_listing(held, None, "listing every namespace")
@@ -79,7 +87,11 @@ class ScanTests(KitBase):
         other = self.open_backend(other_ns)
         theirs = {key_of("scan-ns", i): block_for(key_of("scan-ns", i) + b"/o", 90 + i)
                   for i in range(2)}
-        assert other.put(list(theirs), list(theirs.values())) == [True, True]
+        flags = other.put(list(theirs), list(theirs.values()))
+        assert flags == [True, True], (
+            f"put answered {flags} where [True, True] was expected: "
+            "a put of blocks within the declared limits stores each and answers True"
+        )
         self._check_listing(mine, self.namespace, "beside another namespace")
         # the other instance lists its own blocks under its own name
         listed = _sizes_listed(other.scan(other_ns), other_ns)

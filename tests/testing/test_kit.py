@@ -305,6 +305,10 @@ def test_reference_backend_passes_through_the_cli(tmp_path: Path) -> None:
     assert report["verdict"] == "pass" and report["totals"]["failed"] == 0
     assert not failed_groups(report)
     assert report["groups"]["stateful"]["selected"] is False
+    # the every-step crash test says how many kill points it used
+    crash = report["groups"]["crash_safety"]
+    assert crash["figures"]["kill_points"] > 10 and crash["figures"]["io_calls"] > 10, crash
+    assert f"kill_points={crash['figures']['kill_points']}" in proc.stdout
 
 
 # --- the kit's own wiring ---------------------------------------------------------
