@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kvtier import console as output
 from kvtier.bench.runner import BUILTIN, BenchSettings, Progress, machine, run_tiers, settings_dict
 from kvtier.config.units import parse_size
 
@@ -182,9 +183,7 @@ def bench_command(config_path: str | None, block_size: str, blocks: int, rounds:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from kvtier.cli.output import console  # here: kvtier.cli imports this module
-
-        render(report, console())
+        render(report, output.console())
     if report.get("tiers") and not all(r["verified"] for r in report["tiers"]["results"]):
         click.echo("kvtier bench: some blocks were not stored, not found, or read back "
                    "different from what was written (see the mismatches in --json)", err=True)

@@ -11,7 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier import __version__
-from kvtier.cli.output import console
+from kvtier.bench.cli import bench_command
+from kvtier.cli.commands import PluginGroup
+from kvtier.cli.conformance import conformance_command
+from kvtier.cli.operate_commands import inspect_command, purge_command, scrub_command
+from kvtier.console import console
+from kvtier.peer.server import serve_command
+from kvtier.plan.cli import plan_command, record_events_command
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import CONTRACT_VERSION, Capabilities, KvtierError, PluginError
 
@@ -38,7 +44,7 @@ def _capability_text(caps: Capabilities) -> str:
     return ", ".join(flags) or "-"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     __version__, prog_name="kvtier", message=f"%(prog)s %(version)s (contract {CONTRACT_VERSION})"
 )
@@ -138,32 +144,13 @@ def explain(file: str, as_json: bool) -> None:
     console().print(table)
 
 
-def _attach_commands() -> None:
-    # these modules import their heavy dependencies (pytest, vLLM) only when run
-    from kvtier.bench.cli import bench_command
-    from kvtier.cli.conformance import conformance_command
-    from kvtier.cli.operate_commands import inspect_command, purge_command, scrub_command
-    from kvtier.contrib.lmcache import lmcache_args_command
-    from kvtier.contrib.sglang import sglang_args_command
-    from kvtier.contrib.vllm import vllm_args_command
-    from kvtier.contrib.vllm.calibrate import calibrate_command
-    from kvtier.peer.server import serve_command
-    from kvtier.plan.cli import plan_command, record_events_command
-
-    cli.add_command(bench_command)
-    cli.add_command(conformance_command)
-    for operator_command in (inspect_command, scrub_command, purge_command):
-        cli.add_command(operator_command)
-    cli.add_command(serve_command)
-    cli.add_command(plan_command)
-    cli.add_command(record_events_command)
-    cli.add_command(sglang_args_command)
-    cli.add_command(vllm_args_command)
-    cli.add_command(calibrate_command)
-    cli.add_command(lmcache_args_command)
-
-
-_attach_commands()
+# The built-in commands; these modules import their heavy dependencies (pytest)
+# only when run.  The integrations' commands (vllm-args, calibrate, sglang-args,
+# lmcache-args) come through the kvtier.commands entry points (kvtier.cli.commands),
+# so the command line imports no integration.
+for _command in (bench_command, conformance_command, inspect_command, scrub_command,
+                 purge_command, serve_command, plan_command, record_events_command):
+    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

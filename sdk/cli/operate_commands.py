@@ -37,9 +37,9 @@ from kvtier.cli.operate import (
     scrub_store,
     still_held,
 )
-from kvtier.cli.output import console
 from kvtier.config.loader import load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
+from kvtier.console import console
 from kvtier.observe.metrics import read_sizing
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import KvtierError, ScanEntry

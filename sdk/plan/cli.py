@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kvtier.backends.eviction import EVICTION_POLICIES
 from kvtier.chain.admission import sample_problem
+from kvtier.console import console
 
 from .below import BELOW_EVICTIONS, BelowPoint, replay_below
 from .chart import write_chart
@@ -26,8 +27,9 @@ from .checks import (
     given,
     parse_generate,
 )
+from .events import RecordError, record_events
 from .fleet import ROUTERS, FleetPoint, replay_fleet
-from .report import default_capacities, describe, make_plan, recommend
+from .report import Plan, default_capacities, describe, make_plan, recommend
 from .trace import BLOCK_TOKENS, Trace, generate, read_trace, write_mooncake
 
 __all__ = ["plan_command", "record_events_command"]
@@ -220,10 +222,6 @@ def _named(row: dict[str, object], below_evictions: tuple[str, ...]) -> dict[str
 
 
 def _print(plan: object, seconds: float) -> None:
-    from kvtier.cli.output import console
-
-    from .report import Plan
-
     assert isinstance(plan, Plan)
     info, refs = plan.trace, plan.ceiling.references
     out = console()
@@ -260,8 +258,6 @@ def _print(plan: object, seconds: float) -> None:
 
 def _print_below(rows: list[BelowPoint], policy: str, named: bool,
                  scale: Callable[[int], int]) -> None:
-    from kvtier.cli.output import console
-
     table = Table(title=f"RAM ({policy}) over {scale(rows[0].below):,} blocks below, "
                         f"write: {rows[0].write}, by admit (blocks of the full traffic)")
     for column in ("RAM blocks", "admit", *(["below evicts"] if named else []),
@@ -292,8 +288,6 @@ def _fleet(
                                "fleet": [_named(p.to_json(), below_evictions) for p in points]},
                               indent=1))
         return
-    from kvtier.cli.output import console
-
     out = console()
     out.print(escape(f"{trace.source}: {len(trace.requests):,} requests, "
                      f"{trace.references:,} block references, {engines} engines, "
@@ -327,8 +321,6 @@ def _unread(written: int, never_read: int) -> str:
 
 
 def _print_engines(point: FleetPoint, scale: float) -> None:
-    from kvtier.cli.output import console
-
     table = Table(title=f"per engine, pool {point.pool * scale:,.0f} blocks")
     for column in ("engine", "requests", "prefix hit ratio", "from RAM", "from local",
                    "from pool", "written local", "written pool"):
@@ -365,8 +357,6 @@ def record_events_command(endpoint: str, out: str, topic: str, replay_endpoint: 
 
     Runs until --batches, --seconds or Ctrl-C.
     """
-    from .events import RecordError, record_events
-
     check_endpoint("--endpoint", endpoint)
     check_endpoint("--replay-endpoint", replay_endpoint)
     check_writable("--out", out)

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import msgpack
 
-from .trace import Request, Trace
+from .requests import Request, Trace
 
 __all__ = ["RecordError", "RecordStats", "decode_batch", "events_trace", "record_events"]
 

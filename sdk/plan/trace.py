@@ -1,6 +1,7 @@
 """Traces for ``kvtier plan``: Mooncake JSONL, kvtier's recorded traffic, and generated ones.
 
-A trace is a list of :class:`Request`: the block keys of one prompt, in
+A trace is a list of :class:`Request` (:mod:`.requests`, which the readers
+here and in :mod:`.events` share): the block keys of one prompt, in
 order, with the prompt tokens each block carries.  Both file formats are one
 JSON object a line, read with ``json`` only (nothing in them is executed):
 
@@ -25,45 +26,18 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .events import events_trace
+from .requests import BLOCK_TOKENS, Request, Trace
+
 __all__ = ["BLOCK_TOKENS", "Request", "Trace", "generate", "read_trace", "write_mooncake"]
 
-#: Tokens per block in the Mooncake traces.
-BLOCK_TOKENS = 512
 #: Recorded keys are 64-bit hashes; a sample keeps those below its share of this space.
 _HASH_SPACE = 1 << 64
 #: Fields of a Mooncake-style line that name its conversation (the sticky router's key).
 SESSION_FIELDS = ("session_id", "conversation_id")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One prompt: its block keys in order, the prompt tokens each block holds, its session."""
-
-    keys: tuple[int, ...]
-    tokens: tuple[int, ...]
-    session: str | None = None  # a conversation's id, where the trace names one
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Requests in arrival order; ``sample`` is the fraction of traffic a recording kept."""
-
-    requests: list[Request]
-    block_tokens: int = BLOCK_TOKENS
-    sample: float = 1.0
-    source: str = ""
-
-    @property
-    def references(self) -> int:
-        return sum(len(r.keys) for r in self.requests)
-
-    @property
-    def unique_blocks(self) -> int:
-        return len({key for r in self.requests for key in r.keys})
 
 
 def _no_constant(name: str) -> float:
@@ -131,8 +105,6 @@ def _read(path: Path, block_tokens: int) -> Trace:
     if "kvtier_trace" in first[1]:
         return _recorded(path, [first, *rows], block_tokens)
     if "kvtier_events" in first[1]:
-        from .events import events_trace  # it imports this module
-
         try:
             return events_trace(rows, str(path))
         except ValueError as exc:
