@@ -7,6 +7,10 @@ Open a chain of tiers from a YAML file or a dict::
     with kvtier.open_chain("tiers.yaml", namespace="my-model/bf16/b32") as chain:
         chain.put(keys, blocks)
         chain.get(keys, out)
+
+May import :mod:`kvtier.block`, :mod:`kvtier.chain`, :mod:`kvtier.config`
+and :mod:`kvtier.spec`, for the names it gathers here and for its own modules:
+:mod:`.console` (where the commands print) and :mod:`.demo`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ and the base class that implements the contract's shared rules once, with
 the helpers for a batch::
 
     from kvtier.spec import BlockStore, check_batch, run_batch
+
+May import nothing of kvtier: a backend that imports only the spec depends
+on nothing else of it.
 """
 
 from __future__ import annotations

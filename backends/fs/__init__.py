@@ -28,6 +28,10 @@ is a root opened to be read, writing nothing.  A batch is spread over the I/O
 threads by :func:`kvtier.spec.run_batch`.  Online sizing
 (:mod:`kvtier.backends.sizing`) sees this process's gets and puts: under a
 shared pool, each process estimates from its own traffic.
+
+May import :mod:`kvtier.backends._batch`, :mod:`kvtier.backends.eviction`,
+:mod:`kvtier.backends.sizing`, :mod:`kvtier.block`, :mod:`kvtier.config`,
+:mod:`kvtier.plugins` and :mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

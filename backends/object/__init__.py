@@ -31,6 +31,9 @@ oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index.
+
+May import :mod:`kvtier.backends._batch`, :mod:`kvtier.backends.eviction`,
+:mod:`kvtier.backends.sizing` and :mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ repair or purge it there.  Operators run ``kvtier inspect``, ``scrub`` and
 
 The package: :mod:`.ring` places keys under ``hash``; :mod:`.wire` holds the
 connections, the pipelined requests and each peer's back-off.
+
+May import :mod:`kvtier.backends._batch`, :mod:`kvtier.peer.protocol` (the wire
+protocol, not the server) and :mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

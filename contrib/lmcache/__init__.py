@@ -9,6 +9,9 @@ loader imports this package and builds :class:`KvtierL2Adapter`::
 
 ``kvtier lmcache-args tiers.yaml`` checks the YAML and prints that flag.
 Importing this package does not import LMCache; the adapter module does.
+
+May import :mod:`kvtier` (the chain), :mod:`kvtier.config` and
+:mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ SGLang 0.5.23 loads third-party HiCache storage through its
 prints these flags.  :class:`~kvtier.contrib.sglang.storage.KvtierStorage` is
 the backend; importing this package does not import SGLang, the class loads
 it when first used.
+
+May import :mod:`kvtier` (the chain), :mod:`kvtier.config` and
+:mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ The leading ``host`` tier
 Importing this package does not import vLLM; the tier and spec classes load
 vLLM when first used.  All vLLM-version specifics live in
 :mod:`kvtier.contrib.vllm._compat`.
+
+May import :mod:`kvtier.backends.eviction` (vLLM's CPU tier runs kvtier's
+policies), :mod:`kvtier.block`, :mod:`kvtier.chain`, :mod:`kvtier.config` and
+:mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """``kvtier bench``: every tier beside the raw ceiling of its medium, in one run.
 
 Builds on :mod:`kvtier.chain`; nothing in the data path imports it.
+
+May import :mod:`kvtier` (the chain it measures), :mod:`kvtier.block`,
+:mod:`kvtier.chain`, :mod:`kvtier.config`, :mod:`kvtier.console`,
+:mod:`kvtier.peer.protocol` (a peer's raw ceiling) and :mod:`kvtier.plugins`.
 """
 
 from __future__ import annotations

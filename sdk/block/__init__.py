@@ -1,8 +1,9 @@
 """Blocks as stored: the self-describing frame and the namespace it belongs to.
 
-Imports only :mod:`kvtier.spec`; everything above builds on it.  Its one C
-extension, ``_xxh3copy``, copies a payload and takes its checksum in one pass;
-:mod:`~kvtier.block.framing` uses it when it was built.
+May import only :mod:`kvtier.spec`; everything above builds on it.
+
+Its one C extension, ``_xxh3copy``, copies a payload and takes its checksum
+in one pass; :mod:`~kvtier.block.framing` uses it when it was built.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ fleet of engines sharing a pool (:mod:`.fleet`).  Traces come from Mooncake
 JSONL, a chain's recording, or vLLM's KV-cache events (:mod:`.events`, which
 also records them).
 
-May import ``kvtier.backends`` (the policies it replays), ``kvtier.chain`` (its
-admission sketch) and ``kvtier.plugins`` (size parsing); nothing in the data
-path imports it.
+May import :mod:`kvtier.backends.eviction` (the policies it replays),
+:mod:`kvtier.chain` (its admission sketch), :mod:`kvtier.console` (where its commands
+print) and :mod:`kvtier.plugins` (size parsing); nothing in the data path
+imports it.
 """
 
 from __future__ import annotations

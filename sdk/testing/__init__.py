@@ -19,6 +19,10 @@ point and adds the ``kvtier_group`` marker and ``--kvtier-group``.
 
 Names are imported on first use, so that pytest loading the plugin in every
 project does not import Hypothesis or the groups.
+
+May import :mod:`kvtier` (the chain a backend is also run in),
+:mod:`kvtier.block`, :mod:`kvtier.config`, :mod:`kvtier.plugins` and
+:mod:`kvtier.spec`; never a backend, which it reaches through its entry point.
 """
 
 from __future__ import annotations
