@@ -71,6 +71,12 @@ class TestObjectWithCapacityOnCluster(BackendTests):
     ) -> dict[str, Any]:
         return cluster_options(seaweed_cluster, cluster_bucket, capacity="1MiB")
 
+    def test_capacity_holds_for_all_instances_together(self) -> None:
+        pytest.skip(
+            "object bounds each writer's view of the namespace, which learns of the others' "
+            "blocks at its next LIST: N writers hold up to N x capacity (docs/shared-capacity.md)"
+        )
+
 
 def test_every_volume_has_two_copies(seaweed_cluster: SeaweedCluster, cluster_bucket: str) -> None:
     chain = open_chain({"chain": [{"name": "s3", "backend": "object",
