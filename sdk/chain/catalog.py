@@ -25,13 +25,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvtier.block.namespace import FORMAT_VERSION, Namespace
+from kvtier.chain.tier import Tier
 from kvtier.spec import CorruptBlockError
 
 if TYPE_CHECKING:
-    from kvtier.chain.tier import Tier
     from kvtier.config.loader import TierConfig
     from kvtier.plugins.registry import BackendRegistry
 
@@ -96,10 +97,6 @@ def open_catalog(config: TierConfig, registry: BackendRegistry) -> Tier:
 
     Operators' tools also use it as the instance that lists every namespace.
     """
-    from dataclasses import replace
-
-    from kvtier.chain.tier import Tier
-
     plain = replace(config, codec="none", write="through")
     tier = Tier(plain, registry.create(config.backend), CATALOG)
     tier.open()
