@@ -7,9 +7,11 @@ their fixtures (``url``, ``local_url``, ``opener``) are in ``tests/backends/conf
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvtier.backends.fs.local import LocalStore
@@ -58,3 +60,15 @@ def store_of(handle: BackendHandle) -> LocalStore:
     store = handle.instance._store
     assert isinstance(store, LocalStore)
     return store
+
+
+def files_on_disk(root: Path, ns: str = NS) -> dict[bytes, int]:
+    """Key -> size of the block files of ``ns`` under a local root, read around the backend
+    (a file evicted while the folders are walked is not on disk)."""
+    out = {}
+    for folder, _, names in os.walk(root / ns):
+        for name in names:
+            if name.endswith(".kvb"):
+                with contextlib.suppress(FileNotFoundError):
+                    out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
+    return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fs_blocks import NS
+from fs_blocks import NS, files_on_disk
 from fs_pool_child import block, open_backend
 
 import kvtier
@@ -75,15 +75,6 @@ def _index_bytes(files: dict[Path, tuple[int, int, int]]) -> int:
 def rows(root: Path) -> list[tuple[str, bytes, int, str]]:
     with sqlite3.connect(root / DB_NAME, timeout=30) as db:
         return db.execute("SELECT ns, key, size, state FROM blocks").fetchall()
-
-
-def files_on_disk(root: Path, ns: str = NS) -> dict[bytes, int]:
-    out = {}
-    for folder, _, names in os.walk(root / ns):
-        for name in names:
-            if name.endswith(".kvb"):
-                out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
-    return out
 
 
 @pytest.mark.parametrize("eviction", ["lru", "s3fifo"])

@@ -7,7 +7,6 @@ index is damaged under them; no mocks.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fs_blocks import NS
+from fs_blocks import NS, files_on_disk
 from fs_pool_child import block, open_backend
 
 import kvtier
@@ -76,16 +75,6 @@ FAULTS: dict[str, Callable[[Path], None]] = {
 #: faults every sharer meets at its next transaction: the file is not the one it opened
 #: (damage in the file is met when SQLite reads a page it has not cached, else at an open)
 SURE = {"a directory", "deleted"}
-
-
-def files_on_disk(root: Path) -> dict[bytes, int]:
-    out = {}
-    for folder, _, names in os.walk(root / NS):
-        for name in names:
-            if name.endswith(".kvb"):
-                with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
-                    out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
-    return out
 
 
 def writer(root: Path, w: int, count: int, gate: Path) -> subprocess.Popen[str]:

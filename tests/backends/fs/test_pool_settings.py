@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from fs_blocks import NS
+from fs_blocks import NS, files_on_disk
 from fs_pool_child import block, open_backend
 
 import kvtier
@@ -39,15 +39,6 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def files_on_disk(root: Path, ns: str) -> dict[bytes, int]:
-    out = {}
-    for folder, _, names in os.walk(root / ns):
-        for name in names:
-            if name.endswith(".kvb"):
-                out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
-    return out
 
 
 def test_figures_are_the_pool_s_beside_the_process_s_own_share(tmp_path: Path) -> None:
