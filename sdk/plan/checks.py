@@ -7,7 +7,6 @@ option that would have no effect is one of them.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterable
@@ -16,7 +15,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from kvtier.plugins.options import parse_size
+from kvtier.plugins.options import NotFinite, finite, parse_size
 
 from .chart import chart_missing
 
@@ -41,11 +40,11 @@ class FiniteFloat(click.ParamType[float]):
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
         try:
-            number = float(value)  # type: ignore[arg-type]
+            number = finite(value)  # the options' own check: one wording for NaN and inf
+        except NotFinite as exc:
+            self.fail(str(exc), param, ctx)
         except (TypeError, ValueError):
             self.fail(f"expected a number, got {value!r}", param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"expected a finite number, got {value!r}", param, ctx)
         if number < self.low:
             self.fail(f"expected at least {self.low:g}, got {value!r}", param, ctx)
         return number
