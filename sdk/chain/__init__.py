@@ -8,7 +8,7 @@ surfaces built on a chain (cli, peer server, bench, contrib).
 from __future__ import annotations
 
 from kvtier.chain.chain import Chain, JobResult, open_chain
-from kvtier.chain.events import ChainEvent, ChainListener
+from kvtier.chain.listeners import ChainEvent, ChainListener
 from kvtier.chain.tier import Tier
 
 __all__ = ["Chain", "ChainEvent", "ChainListener", "JobResult", "Tier", "open_chain"]

@@ -34,8 +34,8 @@ from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
 from kvtier.chain.arguments import byte_views, check_keys, writable
 from kvtier.chain.cost import LoadDecision
-from kvtier.chain.events import ChainListener, Listeners
 from kvtier.chain.jobs import JobResult, Jobs
+from kvtier.chain.listeners import ChainListener, Listeners
 from kvtier.chain.record import Recorder
 from kvtier.chain.tier import Tier
 from kvtier.chain.traffic import DEFAULT_BACKLOG_BYTES, Traffic
@@ -453,7 +453,7 @@ class Chain:
 
     # events -----------------------------------------------------------------------
     def add_listener(self, listener: ChainListener) -> None:
-        """Call ``listener`` with a :class:`~kvtier.chain.events.ChainEvent` for every
+        """Call ``listener`` with a :class:`~kvtier.chain.listeners.ChainEvent` for every
         batch of blocks a tier of this chain stores or removes (see that module)."""
         self._listeners.add(listener)
 

@@ -5,7 +5,7 @@ backend's policy objects, on a null data path) at many capacities and
 reports miss-ratio curves, the infinite-cache ceiling, Belady's bound,
 prefill tokens saved, blocks written below RAM, and a chain to paste; and a
 fleet of engines sharing a pool (:mod:`.fleet`).  Traces come from Mooncake
-JSONL, a chain's recording, or vLLM's KV-cache events (:mod:`.events`, which
+JSONL, a chain's recording, or vLLM's KV-cache events (:mod:`.vllm_events`, which
 also records them).
 
 May import :mod:`kvtier.backends.eviction` (the policies it replays),

@@ -27,10 +27,10 @@ from .checks import (
     given,
     parse_generate,
 )
-from .events import RecordError, record_events
 from .fleet import ROUTERS, FleetPoint, replay_fleet
 from .report import Plan, default_capacities, describe, make_plan, recommend
 from .trace import BLOCK_TOKENS, Trace, generate, read_trace, write_mooncake
+from .vllm_events import RecordError, record_events
 
 __all__ = ["plan_command", "record_events_command"]
 

@@ -1,8 +1,8 @@
 """What a trace is: a list of requests, the one thing every reader of ``kvtier plan`` returns.
 
 Kept apart from the readers (:mod:`.trace` for Mooncake JSONL, recordings and
-generated traffic; :mod:`.events` for vLLM's KV-event logs) so that each of
-them imports it, and :mod:`.trace` imports :mod:`.events` without a cycle.
+generated traffic; :mod:`.vllm_events` for vLLM's KV-event logs) so that each of
+them imports it, and :mod:`.trace` imports :mod:`.vllm_events` without a cycle.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Traces for ``kvtier plan``: Mooncake JSONL, kvtier's recorded traffic, and generated ones.
 
 A trace is a list of :class:`Request` (:mod:`.requests`, which the readers
-here and in :mod:`.events` share): the block keys of one prompt, in
+here and in :mod:`.vllm_events` share): the block keys of one prompt, in
 order, with the prompt tokens each block carries.  Both file formats are one
 JSON object a line, read with ``json`` only (nothing in them is executed):
 
@@ -18,7 +18,7 @@ JSON object a line, read with ``json`` only (nothing in them is executed):
   only) uses its gets instead, and its puts where it has no gets either.
 
 A vLLM KV-event log (``kvtier record-events``, header ``{"kvtier_events": 1}``)
-is read by :func:`kvtier.plan.events.events_trace`.
+is read by :func:`kvtier.plan.vllm_events.events_trace`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .events import events_trace
 from .requests import BLOCK_TOKENS, Request, Trace
+from .vllm_events import events_trace
 
 __all__ = ["BLOCK_TOKENS", "Request", "Trace", "generate", "read_trace", "write_mooncake"]
 

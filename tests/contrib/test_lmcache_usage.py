@@ -40,7 +40,7 @@ from lmcache_driver import (  # noqa: E402
     write_yaml,
 )
 
-from kvtier.chain.events import ChainEvent  # noqa: E402
+from kvtier.chain.listeners import ChainEvent  # noqa: E402
 from kvtier.contrib.lmcache import kvtier_key  # noqa: E402
 
 

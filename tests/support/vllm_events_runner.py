@@ -1,4 +1,4 @@
-"""A vLLM engine run publishing its KV-cache events over ZeroMQ (tests/plan/test_events_vllm.py).
+"""A vLLM engine publishing its KV-cache events over ZeroMQ (tests/plan/test_vllm_events_engine.py).
 
     python tests/support/vllm_events_runner.py --model DIR --prompts JSON --endpoint EP --replay EP
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kvtier.cli import cli
 from kvtier.plan import read_trace
-from kvtier.plan.events import record_events
+from kvtier.plan.vllm_events import record_events
 
 
 def stored(hashes: list[int], parent: int | None, **extra: Any) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def test_the_recorder_writes_what_vllms_publisher_sends(tmp_path: Path) -> None:
 def test_undecodable_batches_and_events_are_skipped() -> None:
     import msgpack
 
-    from kvtier.plan.events import decode_batch
+    from kvtier.plan.vllm_events import decode_batch
 
     assert decode_batch(b"\xc1", 0) == (None, 0)  # not msgpack
     assert decode_batch(msgpack.packb([1.0, 2, 3]), 0) == (None, 0)  # events not a list
