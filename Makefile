@@ -86,7 +86,7 @@ wheel-check: venv
 
 # The C extension must have been built here: its tests fail rather than skip.
 test: venv vllm-releases lint typecheck wheel-check
-	KVTIER_REQUIRE_XXH3COPY=1 $(BIN)/pytest
+	KVTIER_REQUIRE_XXH3COPY=1 $(BIN)/pytest --durations=60
 
 # vLLM on the CPU, a long prompt computed once and then served from the chain
 demo: venv
