@@ -5,7 +5,7 @@
 Runs vLLM in this process (prefix caching off, so every prompt is computed),
 generates one token for prompts of random token ids of each length, takes
 the median time per length, and prints the chain YAML's ``recompute`` entry
-(a table by prompt length, :mod:`kvtier.config.load`) for the load decision
+(a table by prompt length, :mod:`kvtier.config.load_policy`) for the load decision
 of :mod:`kvtier.chain.cost`.  One token's decode is part of each figure: it
 is a small share of a prefill of hundreds of tokens.  Times are written as
 :func:`~kvtier.config.units.format_duration` writes them, which the loader

@@ -50,7 +50,7 @@ def _memcpy(blocks: list[bytes], size: int) -> tuple[float, float, int]:
 
 def _kvtier(entry: dict[str, Any], blocks: list[bytes], size: int) -> tuple[float, float, int]:
     from kvtier import Chain, Namespace
-    from kvtier.config.loader import load_config
+    from kvtier.config.chain_config import load_config
 
     outs = [bytearray(b"\1" * size) for _ in blocks]  # the engine's buffers exist already
     keys = [os.urandom(16) for _ in blocks]

@@ -33,7 +33,7 @@ from kvtier.block import framing
 from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
-from kvtier.config.loader import load_config
+from kvtier.config.chain_config import load_config
 from kvtier.plugins.registry import default_registry
 
 __all__ = ["codec_kv", "run_codec", "run_dispatch", "run_lookup"]

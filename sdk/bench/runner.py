@@ -62,7 +62,7 @@ from kvtier.bench.ceilings import (
 from kvtier.bench.first import first_use
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
-from kvtier.config.loader import ChainConfig, MetricsConfig, TierConfig, load_config
+from kvtier.config.chain_config import ChainConfig, MetricsConfig, TierConfig, load_config
 
 __all__ = ["BenchSettings", "Progress", "Series", "run_tiers", "tier_plan"]
 

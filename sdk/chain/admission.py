@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from kvtier.config.loader import sample_problem  # the check of admit_sample against admit
+from kvtier.config.chain_config import sample_problem  # the check of admit_sample against admit
 
 __all__ = ["Admission", "Lineage", "Seen", "sample_problem"]
 

@@ -33,7 +33,7 @@ from kvtier.chain.tier import Tier
 from kvtier.spec import CorruptBlockError
 
 if TYPE_CHECKING:
-    from kvtier.config.loader import TierConfig
+    from kvtier.config.chain_config import TierConfig
     from kvtier.plugins.registry import BackendRegistry
 
 __all__ = ["CATALOG", "CATALOG_HEX", "describe", "read_descriptors", "record", "record_opened"]

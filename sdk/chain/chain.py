@@ -39,7 +39,7 @@ from kvtier.chain.listeners import ChainListener, Listeners
 from kvtier.chain.record import Recorder
 from kvtier.chain.tier import Tier
 from kvtier.chain.traffic import DEFAULT_BACKLOG_BYTES, Traffic
-from kvtier.config.loader import ChainConfig, load_config
+from kvtier.config.chain_config import ChainConfig, load_config
 from kvtier.observe.metrics import MetricsReporter
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import BytesLike, ClosedError

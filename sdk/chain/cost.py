@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import Any
 
-from kvtier.config.load import LoadConfig
+from kvtier.config.load_policy import LoadConfig
 
 __all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
 

@@ -31,7 +31,7 @@ from kvtier.spec import (
 )
 
 if TYPE_CHECKING:
-    from kvtier.config.loader import TierConfig
+    from kvtier.config.chain_config import TierConfig
 
 __all__ = ["Evicted", "Tier"]
 

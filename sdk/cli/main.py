@@ -22,7 +22,7 @@ from kvtier.plugins.registry import default_registry
 from kvtier.spec import CONTRACT_VERSION, Capabilities, KvtierError, PluginError
 
 if TYPE_CHECKING:
-    from kvtier.config.loader import ChainConfig
+    from kvtier.config.chain_config import ChainConfig
 
 __all__ = ["main"]
 
@@ -88,7 +88,7 @@ def config() -> None:
 
 def _validated(file: str) -> ChainConfig:
     """FILE's chain; else every problem on stderr, a line each, and exit 2."""
-    from kvtier.config.loader import validate_config
+    from kvtier.config.chain_config import validate_config
 
     try:
         loaded, problems = validate_config(file)

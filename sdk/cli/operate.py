@@ -40,7 +40,7 @@ from kvtier.block.namespace import Namespace
 from kvtier.chain.catalog import CATALOG_HEX, open_catalog, read_descriptors
 from kvtier.chain.cost import LoadCost
 from kvtier.chain.tier import Tier
-from kvtier.config.loader import ChainConfig, TierConfig
+from kvtier.config.chain_config import ChainConfig, TierConfig
 from kvtier.plugins.options import CheckedOptions
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ConfigError, CorruptBlockError, ScanEntry

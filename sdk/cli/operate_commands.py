@@ -37,7 +37,7 @@ from kvtier.cli.operate import (
     scrub_store,
     still_held,
 )
-from kvtier.config.loader import load_config
+from kvtier.config.chain_config import load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
 from kvtier.console import console
 from kvtier.observe.metrics import read_sizing

@@ -9,7 +9,7 @@ options) and :mod:`kvtier.spec`.
 from __future__ import annotations
 
 from kvtier.config.explain import Setting, explain
-from kvtier.config.loader import (
+from kvtier.config.chain_config import (
     TIER_KEYS,
     ChainConfig,
     MetricsConfig,

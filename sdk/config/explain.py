@@ -3,7 +3,7 @@
 A setting comes from the ``file`` (its ``file:line``), from the ``env``
 (a ``${VAR}`` in the file, found in the environment: the variable is named,
 the line is the file's) or is the ``default``.  Each tier gives a row for
-every key every tier takes (:data:`~kvtier.config.loader.TIER_KEYS`) and for
+every key every tier takes (:data:`~kvtier.config.chain_config.TIER_KEYS`) and for
 every option its backend declares, set or not; the chain gives a row for each
 of its own keys (load policy, recording, metrics).  Values of secret options
 are ``***`` whatever their source, unless empty.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kvtier.config.loader import ChainConfig, TierConfig
+from kvtier.config.chain_config import ChainConfig, TierConfig
 from kvtier.config.units import format_duration
 from kvtier.plugins.registry import BackendRegistry, default_registry
 

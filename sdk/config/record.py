@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.config.load import Fail, Scalar
+from kvtier.config.load_policy import Fail, Scalar
 from kvtier.plugins.options import describe_value
 
 __all__ = ["RECORD_KEYS", "RecordConfig", "parse_record"]

@@ -31,7 +31,7 @@ from kvtier.spec import ConfigError
 
 if TYPE_CHECKING:
     from kvtier.chain.chain import Chain
-    from kvtier.config.loader import MetricsConfig
+    from kvtier.config.chain_config import MetricsConfig
 
 __all__ = ["MetricsReporter", "read_sizing", "summary_line"]
 

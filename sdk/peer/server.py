@@ -60,7 +60,7 @@ import msgpack
 
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
-from kvtier.config.loader import ChainConfig, load_config
+from kvtier.config.chain_config import ChainConfig, load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
 from kvtier.peer import protocol as pp
 from kvtier.peer._limits import Connection, Connections, PayloadBudget

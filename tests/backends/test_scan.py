@@ -22,7 +22,7 @@ from redis_cluster import RedisClusterServer
 from redis_server import RedisServer
 from seaweed import SeaweedServer
 
-from kvtier.config.loader import load_config
+from kvtier.config.chain_config import load_config
 from kvtier.plugins.registry import BackendHandle, BackendRegistry
 from kvtier.spec import ClosedError, ContractError, PluginError, ScanEntry, hookimpl
 

@@ -11,7 +11,7 @@ import pytest
 
 from kvtier import Namespace, open_chain
 from kvtier.chain.admission import Lineage, Seen
-from kvtier.config.loader import validate_config
+from kvtier.config.chain_config import validate_config
 
 NS = Namespace("admission-test", dtype="bfloat16", tokens_per_block=16)
 SIZE = 4096

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.chain.cost import _CAP, QUANTILE, LoadCost, LoadDecision
-from kvtier.config.load import LoadConfig, Recompute
+from kvtier.config.load_policy import LoadConfig, Recompute
 
 MS = 1e-3
 KIB = 1024

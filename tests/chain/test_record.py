@@ -10,7 +10,7 @@ import pytest
 import xxhash
 
 from kvtier import Namespace, open_chain
-from kvtier.config.loader import validate_config
+from kvtier.config.chain_config import validate_config
 from kvtier.plan import generate, read_trace, replay
 from kvtier.spec import ConfigError
 

@@ -30,7 +30,7 @@ from kvtier.block.framing import Codec
 from kvtier.chain.catalog import CATALOG_HEX
 from kvtier.cli import cli
 from kvtier.cli.operate import RateLimit
-from kvtier.config.loader import load_config
+from kvtier.config.chain_config import load_config
 from kvtier.plugins.registry import BackendHandle, default_registry
 
 LLAMA = kvtier.Namespace(model="llama-test", dtype="bfloat16", tokens_per_block=32,

@@ -10,7 +10,7 @@ from config_fakes import EXAMPLE, write
 
 from kvtier.cli import cli
 from kvtier.config import load_config
-from kvtier.config.loader import validate_config
+from kvtier.config.chain_config import validate_config
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ConfigError
 

@@ -15,8 +15,8 @@ import pytest
 from config_fakes import SECRET, FakeFs, FakeHost, write
 
 from kvtier.config import TIER_KEYS, Setting, explain, load_config
-from kvtier.config.load import LOAD_KEYS
-from kvtier.config.loader import TierConfig
+from kvtier.config.load_policy import LOAD_KEYS
+from kvtier.config.chain_config import TierConfig
 from kvtier.plugins.registry import BackendRegistry
 
 TEXT = """\

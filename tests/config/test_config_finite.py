@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvtier.cli import cli
-from kvtier.config.loader import load_config, validate_config
+from kvtier.config.chain_config import load_config, validate_config
 from kvtier.config.units import parse_duration, parse_size
 from kvtier.spec import ConfigError
 

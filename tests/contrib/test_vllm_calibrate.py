@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from shared_pool import engine_env
 
 from kvtier.cli import cli
-from kvtier.config.loader import load_config
+from kvtier.config.chain_config import load_config
 from kvtier.contrib.vllm.calibrate import KVCACHE_ENV, recompute_entry
 
 SUPPORT = Path(__file__).parents[1] / "support"

@@ -73,7 +73,7 @@ def test_plan_json_reports_curves_bounds_and_a_chain_that_loads(tmp_path: Path) 
     assert [b["capacity"] for b in plan["belady"]] == [50, 400]
     chain = yaml.safe_load(plan["recommended"])["chain"]
     assert chain[0]["backend"] == "host" and chain[0]["eviction"] in plan["curves"]
-    from kvtier.config.loader import load_config
+    from kvtier.config.chain_config import load_config
 
     assert load_config({"chain": chain}).tiers[0].name == "ram"
 
@@ -120,7 +120,7 @@ def test_below_eviction_rows_and_the_recommended_fs_tier() -> None:
     assert sum(r["from_below"] for r in rows[1::2]) > sum(r["from_below"] for r in rows[::2])
     chain = yaml.safe_load(out["recommended"])["chain"]
     assert chain[1] == {**fs, "eviction": "s3fifo"}
-    from kvtier.config.loader import load_config
+    from kvtier.config.chain_config import load_config
 
     assert load_config({"chain": chain}).tiers[1].name == "disk"
     # s3fifo alone was not compared with lru: the fs tier keeps its default
@@ -155,7 +155,7 @@ def test_the_recommended_fs_tier_admits_what_writes_least_within_a_point() -> No
                             "lru", 0.2)
     assert (replayed.written_below, replayed.admit_sample) == (
         rows[3]["written_below"], 0.2)
-    from kvtier.config.loader import load_config
+    from kvtier.config.chain_config import load_config
 
     assert load_config({"chain": [yaml.safe_load(str(out["recommended"]))["chain"][0],
                                   disk]}).tiers[1].admit == 9

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from kvtier.config.loader import validate_config
+from kvtier.config.chain_config import validate_config
 from kvtier.plan.cli import plan_command
 
 TEXT = (Path(__file__).resolve().parents[2] / "docs" / "sizing.md").read_text()

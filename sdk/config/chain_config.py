@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
-from kvtier.config.load import LOAD_KEYS, LoadConfig, parse_load
+from kvtier.config.load_policy import LOAD_KEYS, LoadConfig, parse_load
 from kvtier.config.nodes import read_yaml
 from kvtier.config.record import RECORD_KEYS, RecordConfig, parse_record
 from kvtier.plugins.options import (
