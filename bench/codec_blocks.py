@@ -20,9 +20,9 @@ from pathlib import Path
 
 import msgpack
 
-from kvtier.bench import Progress
-from kvtier.bench.micro import run_codec
 from kvtier.block import framing
+from kvtier.tierbench import Progress
+from kvtier.tierbench.micro import run_codec
 
 _PREFIX = struct.Struct("<4sH")
 

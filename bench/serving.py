@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         object_entry = None
         seaweedfs_cpu_s = None
         if "kvtier-fs-object" in names:
-            from kvtier.bench.servers import WeedProcess, find_weed
+            from kvtier.tierbench.servers import WeedProcess, find_weed
 
             weed = find_weed()
             if weed is None:

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.bench import BUILTIN, BenchSettings, Progress, machine, run_tiers
 from kvtier.config.units import parse_size
+from kvtier.tierbench import BUILTIN, BenchSettings, Progress, machine, run_tiers
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,7 +3,7 @@
 Builds on everything else; nothing imports it.  Commands with heavy imports
 (pytest, vLLM) load them only when run.
 
-May import :mod:`kvtier`, :mod:`kvtier.bench`, :mod:`kvtier.block`,
+May import :mod:`kvtier`, :mod:`kvtier.tierbench`, :mod:`kvtier.block`,
 :mod:`kvtier.chain`, :mod:`kvtier.config`, :mod:`kvtier.console`,
 :mod:`kvtier.observe`, :mod:`kvtier.peer`, :mod:`kvtier.plan`,
 :mod:`kvtier.plugins`, :mod:`kvtier.spec` and :mod:`kvtier.testing`: not the

@@ -11,7 +11,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier import __version__
-from kvtier.bench.cli import bench_command
 from kvtier.cli.commands import PluginGroup
 from kvtier.cli.conformance import conformance_command
 from kvtier.cli.operate_commands import inspect_command, purge_command, scrub_command
@@ -20,6 +19,7 @@ from kvtier.peer.server import serve_command
 from kvtier.plan.cli import plan_command, record_events_command
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import CONTRACT_VERSION, Capabilities, KvtierError, PluginError
+from kvtier.tierbench.cli import bench_command
 
 if TYPE_CHECKING:
     from kvtier.config.chain_config import ChainConfig

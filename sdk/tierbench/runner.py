@@ -21,7 +21,7 @@ does with no kvtier at all:
 * ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
   in a process of its own, as ``kvtier serve`` is.
 
-The ceilings are in :mod:`kvtier.bench.ceilings`.  Every block read back,
+The ceilings are in :mod:`kvtier.tierbench.ceilings`.  Every block read back,
 by kvtier or raw, is compared with what was written; a difference is
 reported, never hidden.  Rounds interleave kvtier and raw so that a
 disturbance (a shared machine) hits both; the ratio kvtier/raw is the
@@ -50,7 +50,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from kvtier.bench.ceilings import (
+from kvtier.block.namespace import Namespace
+from kvtier.chain.chain import Chain
+from kvtier.config.chain_config import ChainConfig, MetricsConfig, TierConfig, load_config
+from kvtier.tierbench.ceilings import (
     FileRaw,
     MemcpyRaw,
     ObstoreRaw,
@@ -59,10 +62,7 @@ from kvtier.bench.ceilings import (
     drop_page_cache,
     warm_page_cache,
 )
-from kvtier.bench.first import first_use
-from kvtier.block.namespace import Namespace
-from kvtier.chain.chain import Chain
-from kvtier.config.chain_config import ChainConfig, MetricsConfig, TierConfig, load_config
+from kvtier.tierbench.first import first_use
 
 __all__ = ["BenchSettings", "Progress", "Series", "run_tiers", "tier_plan"]
 
@@ -238,7 +238,7 @@ def _default_entries(settings: BenchSettings, scratch: Path, stack: ExitStack,
             if entry is not None:
                 entries.append(entry)
         elif backend == "peer":
-            from kvtier.bench.servers import ServeProcess
+            from kvtier.tierbench.servers import ServeProcess
 
             server = ServeProcess(scratch, 4 * batch + (64 << 20))
             stack.callback(server.stop)
@@ -260,7 +260,7 @@ def _object_entry(stack: ExitStack, notes: list[str]) -> dict[str, Any] | None:
             return None
         entry.update(endpoint=endpoint, bucket=bucket)
         return entry
-    from kvtier.bench.servers import WeedProcess, find_weed
+    from kvtier.tierbench.servers import WeedProcess, find_weed
 
     weed = find_weed()
     if weed is None:

@@ -28,7 +28,7 @@ def first_use(entry: dict[str, Any], blocks: int, size: int, kvtier_first: bool
     """Run the child and answer what it printed."""
     spec = json.dumps({"entry": entry, "blocks": blocks, "size": size,
                        "kvtier_first": kvtier_first})
-    done = subprocess.run([sys.executable, "-c", "from kvtier.bench.first import main; main()",
+    done = subprocess.run([sys.executable, "-c", "from kvtier.tierbench.first import main; main()",
                            spec], capture_output=True, text=True, check=True, timeout=600)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

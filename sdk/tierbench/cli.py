@@ -12,8 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 from kvtier import console as output
-from kvtier.bench.runner import BUILTIN, BenchSettings, Progress, machine, run_tiers, settings_dict
 from kvtier.config.units import parse_size
+from kvtier.tierbench.runner import (
+    BUILTIN,
+    BenchSettings,
+    Progress,
+    machine,
+    run_tiers,
+    settings_dict,
+)
 
 __all__ = ["bench_command", "render"]
 
@@ -107,7 +114,7 @@ def render(report: dict[str, Any], console: Console) -> None:
 
 def run_report(settings: BenchSettings, sections: tuple[str, ...],
                progress: Progress) -> dict[str, Any]:
-    from kvtier.bench.micro import run_codec, run_dispatch, run_lookup
+    from kvtier.tierbench.micro import run_codec, run_dispatch, run_lookup
 
     report: dict[str, Any] = {"machine": machine(), "settings": settings_dict(settings),
                               "sections": list(sections)}

@@ -53,7 +53,7 @@ class MemcpyRaw(Raw):
     def __init__(self) -> None:
         self.slots: dict[str, bytearray] = {}
         self.spare: list[bytearray] = []
-        # first use is timed in a child process, beside the tier there (kvtier.bench.first)
+        # first use is timed in a child process, beside the tier there (kvtier.tierbench.first)
         self.reports = ("put", "get", "put-first", "get-first")
 
     def prepare(self, count: int, size: int) -> None:
@@ -244,7 +244,7 @@ class PeerRaw(Raw):
     label = "socket"
 
     def __init__(self) -> None:
-        from kvtier.bench.servers import RawPeer
+        from kvtier.tierbench.servers import RawPeer
 
         self.peer = RawPeer()
 

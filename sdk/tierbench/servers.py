@@ -99,7 +99,7 @@ class RawPeer:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from kvtier.bench.servers import raw_peer_main; "
+            [sys.executable, "-c", "from kvtier.tierbench.servers import raw_peer_main; "
              "raw_peer_main()"],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         host, _, port = _read_address(self.proc, 60, "raw socket server").rpartition(":")

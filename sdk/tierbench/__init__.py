@@ -1,5 +1,9 @@
 """``kvtier bench``: every tier beside the raw ceiling of its medium, in one run.
 
+It ships with kvtier and measures the machine and tiers it runs on.  The
+repository's benchmark scripts (``bench/``, not installed: they write the
+figures and charts of BENCHMARKS.md) are apart from it; some import it.
+
 Builds on :mod:`kvtier.chain`; nothing in the data path imports it.
 
 May import :mod:`kvtier` (the chain it measures), :mod:`kvtier.block`,
@@ -9,6 +13,6 @@ May import :mod:`kvtier` (the chain it measures), :mod:`kvtier.block`,
 
 from __future__ import annotations
 
-from kvtier.bench.runner import BUILTIN, BenchSettings, Progress, machine, run_tiers
+from kvtier.tierbench.runner import BUILTIN, BenchSettings, Progress, machine, run_tiers
 
 __all__ = ["BUILTIN", "BenchSettings", "Progress", "machine", "run_tiers"]

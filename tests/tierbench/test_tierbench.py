@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from kvtier.bench import Progress
+from kvtier.tierbench import Progress
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:

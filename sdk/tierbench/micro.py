@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.bench.runner import Progress, percentile
 from kvtier.block import framing
 from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
 from kvtier.config.chain_config import load_config
 from kvtier.plugins.registry import default_registry
+from kvtier.tierbench.runner import Progress, percentile
 
 __all__ = ["codec_kv", "run_codec", "run_dispatch", "run_lookup"]
 
