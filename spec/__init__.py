@@ -39,7 +39,7 @@ from .hookspecs import (
     hookimpl,
     hookspec,
 )
-from .types import Capabilities, Option, OptionType, ScanEntry
+from .types import Capabilities, Option, OptionType, Renamed, ScanEntry
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -60,6 +60,7 @@ __all__ = [
     "KvtierError",
     "Option",
     "OptionType",
+    "Renamed",
     "PluginError",
     "ProtocolError",
     "PutParts",

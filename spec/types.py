@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["Capabilities", "Option", "OptionType", "ScanEntry"]
+__all__ = ["Capabilities", "Option", "OptionType", "Renamed", "ScanEntry"]
 
 OptionType = Literal["str", "int", "float", "bool", "size", "size_or_percent", "duration",
                      "list", "map"]
@@ -107,6 +107,44 @@ class Option:
     check: Callable[[Any], None] | None = None
     #: Never printed in full (credentials, secrets).
     secret: bool = False
+    #: The key a file or caller writes, where it is not the name the option
+    #: is declared under: that name (the one the backend's code reads) then
+    #: still works for a release, with a warning naming this key.  The
+    #: options several backends take are declared once, in
+    #: :mod:`kvtier.spec.shared`, under the key they share.
+    key: str | None = None
+    #: Older keys of this option, still read for a release with a warning
+    #: naming the new key.
+    was: tuple[Renamed, ...] = ()
+    #: Set by kvtier's own commands (``kvtier inspect`` opens ``fs`` with
+    #: ``create: false``) or derived: no setting of a file, which gets a
+    #: warning where it sets one; a caller may pass it.
+    internal: bool = False
+    #: Parses a value ``type`` cannot describe (a load policy's
+    #: ``recompute``): returns the parsed value or raises ``ValueError`` with a
+    #: short reason.  ``type`` then only names it.
+    parse: Callable[[Any], Any] | None = None
+
+    @property
+    def deprecated(self) -> tuple[str, ...]:
+        """The old keys of this option, as :attr:`was` names them."""
+        return tuple(r.name for r in self.was)
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """An option's old key, read for one more release with a warning naming the new one.
+
+    ``merge(old, new)`` gives the new key's value from the old key's (parsed
+    as ``type``, by default the option's) and the new key's as written
+    (``None`` where unset); it raises ``ValueError`` where they contradict.
+    Without ``merge`` the old value is the new key's, and giving both is an
+    error.
+    """
+
+    name: str
+    type: OptionType | None = None
+    merge: Callable[[Any, Any], Any] | None = None
 
 
 class ScanEntry(NamedTuple):

@@ -8,7 +8,6 @@ options) and :mod:`kvtier.spec`.
 
 from __future__ import annotations
 
-from kvtier.config.explain import Setting, explain
 from kvtier.config.chain_config import (
     TIER_KEYS,
     ChainConfig,
@@ -16,6 +15,7 @@ from kvtier.config.chain_config import (
     TierConfig,
     load_config,
 )
+from kvtier.config.explain import Setting, explain
 from kvtier.config.units import format_size, parse_duration, parse_size
 
 __all__ = [

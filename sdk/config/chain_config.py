@@ -14,27 +14,30 @@ that cannot be read as YAML, or a document without a chain, stops it early.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import os
 import re
+import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
-from types import MappingProxyType
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
-from kvtier.config.load_policy import LOAD_KEYS, LoadConfig, parse_load
+from kvtier.config.load_policy import LoadConfig
 from kvtier.config.nodes import read_yaml
-from kvtier.config.record import RECORD_KEYS, RecordConfig, parse_record
+from kvtier.config.record import RecordConfig
+from kvtier.config.settings import CHAIN_OPTIONS, TIER_OPTIONS, Codec
 from kvtier.plugins.options import (
     CheckedOptions,
+    DeprecatedKey,
     FromText,
-    convert,
     describe_value,
+    file_keys,
+    old_keys,
     parse_option,
     parse_value,
+    resolve_keys,
+    user_key,
 )
 from kvtier.plugins.registry import BackendRegistry, default_registry
 from kvtier.spec import ConfigError, Option, PluginError
@@ -42,21 +45,13 @@ from kvtier.spec import ConfigError, Option, PluginError
 __all__ = ["TIER_KEYS", "ChainConfig", "MetricsConfig", "TierConfig", "load_config",
            "sample_problem", "validate_config"]
 
-_TOP_KEYS = ("chain", "metrics", "version", *LOAD_KEYS, *RECORD_KEYS)
-_METRICS_KEYS = ("prometheus_port", "prometheus_host", "log_interval")
+#: The chain's own top-level keys: ``record`` and ``metrics`` hold their dotted ones.
+_TOP_KEYS = ("chain", "metrics", "version",
+             *dict.fromkeys(k.split(".")[0] for k in CHAIN_OPTIONS if "." not in k), "record")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _VAR_RE = re.compile(r"\$\$|\$\{([^}]*)\}|\$\{")
 _VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LAST_PART_RE = re.compile(r"(\.[^.\[]*|\[\d+\])$")
-#: What a tier's ``shuffle`` takes besides ``auto``: 0 and 1 turn it off.
-_SHUFFLE_SETTINGS = (0, 1, *SHUFFLE_WIDTHS)
-
-
-def _tier_key(kind: str, choices: tuple[Any, ...] | None = None) -> Mapping[str, Any]:
-    """Metadata marking a :class:`TierConfig` field as a tier key, parsed as ``kind``."""
-    return MappingProxyType({"kind": kind, "choices": choices})
-
-
 def sample_problem(admit: int, share: float) -> str | None:
     """Why a tier's ``admit_sample: share`` cannot go with its ``admit``; ``None`` if it can."""
     if not 0.0 <= share <= 1.0:
@@ -70,30 +65,31 @@ def sample_problem(admit: int, share: float) -> str | None:
 class TierConfig:
     """One validated tier entry.
 
-    The fields whose metadata is a ``_tier_key`` are the keys every tier entry takes,
-    whatever its backend (:data:`TIER_KEYS`): their kind, choices and
-    defaults are stated here only.
+    Its fields are the keys every tier entry takes, parsed
+    (:data:`~kvtier.config.settings.TIER_OPTIONS` declares them, and their
+    defaults), and what the loader found out about the entry.
     """
 
-    name: str = field(metadata=_tier_key("str"))
-    backend: str = field(metadata=_tier_key("str"))
+    name: str
+    backend: str
     #: Backend options: validated, parsed, defaults filled (``None`` if unset).
     options: Mapping[str, Any]
-    codec: str = field(default="none", metadata=_tier_key("str", tuple(CODECS)))
-    codec_level: int = field(default=1, metadata=_tier_key("int"))
-    #: ``"auto"`` or an element width; see :meth:`_Validator.shuffle`.
-    shuffle: str | int = field(default="auto", metadata=_tier_key("shuffle"))
-    write: str = field(default="through", metadata=_tier_key("str", ("through", "back")))
-    promote: bool = field(default=True, metadata=_tier_key("bool"))
-    verify: bool = field(default=True, metadata=_tier_key("bool"))
-    workers: int = field(default=2, metadata=_tier_key("int"))
+    #: The parts of the one ``codec`` key: the codec, its zstd level, its shuffle.
+    codec: str = Codec().name
+    codec_level: int = Codec().level
+    #: ``"auto"`` or an element width.
+    shuffle: str | int = Codec().shuffle
+    write: str = "through"
+    promote: bool = True
+    verify: bool = True
+    workers: int = 2
     #: Calls that must have named a key before traffic writes its block here.
-    admit: int = field(default=1, metadata=_tier_key("int"))
+    admit: int = 1
     #: Besides, the share of prompt lineages whose blocks are written here at first sight.
-    admit_sample: float = field(default=0.0, metadata=_tier_key("float"))
+    admit_sample: float = 0.0
     #: Whether the chain fails to open where this tier's backend cannot open;
     #: otherwise the tier starts failed and is retried (:mod:`kvtier.chain.health`).
-    required: bool = field(default=False, metadata=_tier_key("bool"))
+    required: bool = False
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()
@@ -103,11 +99,11 @@ class TierConfig:
     option_where: Mapping[str, str] = field(default_factory=dict)
 
 
-#: The fields a tier entry sets, in declaration order.
-_TIER_FIELDS = tuple(f for f in fields(TierConfig) if "kind" in f.metadata)
-#: Keys every tier entry accepts, whatever its backend.
-TIER_KEYS = frozenset(f.name for f in _TIER_FIELDS)
-_TIER_DEFAULTS = MappingProxyType({f.name: f.default for f in _TIER_FIELDS})
+#: Keys every tier entry accepts, whatever its backend (old keys included).
+TIER_KEYS = frozenset({user_key(n, o) for n, o in TIER_OPTIONS.items()}
+                      | {r.name for n, o in TIER_OPTIONS.items() for r in old_keys(n, o)})
+#: The keys a tier entry may set only below the first tier.
+_BELOW_ONLY = ("write", "admit", "admit_sample")
 
 
 @dataclass(frozen=True)
@@ -280,15 +276,16 @@ class _Validator:
             with self.collect():
                 tier = self.tier(entry, f"chain[{i}]", first=i == 0, seen=seen)
             tiers.append(tier)
-        metrics = MetricsConfig()
-        with self.collect():
-            metrics = self.metrics(top.get("metrics"))
-        load = LoadConfig()
-        with self.collect():
-            load = parse_load(top, self.scalar, self.fail)
+        settings = self.chain_settings(top)
+        load = LoadConfig(settings["load_policy"], settings["recompute"],
+                          settings["load_margin"], settings["cost_half_life"])
         record = None
-        with self.collect():
-            record = parse_record(top, self.scalar, self.fail)
+        if settings["record.path"] is not None:
+            sample = settings["record.sample"]
+            record = RecordConfig(settings["record.path"], 1.0 if sample is None else sample)
+        metrics = MetricsConfig(settings["metrics.prometheus_port"],
+                                settings["metrics.log_interval"],
+                                settings["metrics.prometheus_host"])
         return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label, load,
                            record, dict(self.given(top, "")), dict(self.env))
 
@@ -302,31 +299,40 @@ class _Validator:
             yield inner, self.where(inner)
             yield from self.given(sub, inner)
 
-    def metrics(self, value: Any) -> MetricsConfig:
-        if value is None:
-            return MetricsConfig()
-        entry = self.mapping(value, "metrics", "a mapping")
-        for key in entry:
-            if key not in _METRICS_KEYS:
-                with self.collect():
-                    self.unknown(f"metrics.{key}", key, list(_METRICS_KEYS))
-        port = interval = None
-        with self.collect():
-            port = self.scalar(entry.get("prometheus_port"), "metrics.prometheus_port", "int")
-            if port is not None and not 1 <= port <= 65535:
-                self.fail("metrics.prometheus_port", f"expected a port 1..65535, got {port}")
-        with self.collect():
-            interval = self.scalar(entry.get("log_interval"), "metrics.log_interval", "duration")
-            if interval is not None and interval <= 0:
-                self.fail("metrics.log_interval", "must be longer than 0s")
-        host = MetricsConfig.prometheus_host
-        with self.collect():
-            given = self.scalar(entry.get("prometheus_host"), "metrics.prometheus_host", "str")
-            if given is not None and not given.strip():
-                self.fail("metrics.prometheus_host", "expected an address such as 127.0.0.1 "
-                          "or 0.0.0.0 (every interface), got an empty string")
-            host = given or host
-        return MetricsConfig(port, interval, host)
+    def chain_settings(self, top: Mapping[str, Any]) -> dict[str, Any]:
+        """The chain's own keys (:data:`CHAIN_OPTIONS`) parsed, defaults filled."""
+        given: dict[str, Any] = {}
+        record = top.get("record")
+        if isinstance(record, str):
+            record = {"path": record}  # ``record: FILE`` is short for ``record: {path: FILE}``
+        for group, value in (("record", record), ("metrics", top.get("metrics"))):
+            if value is None:
+                continue
+            with self.collect():
+                what = ("a path or a mapping with path and sample" if group == "record"
+                        else "a mapping")
+                entry = self.mapping(value, group, what)
+                keys = [k.partition(".")[2] for k in CHAIN_OPTIONS if k.startswith(f"{group}.")]
+                for key in entry:
+                    if key not in keys:
+                        with self.collect():
+                            self.unknown(f"{group}.{key}", key, keys)
+                given.update({f"{group}.{k}": v for k, v in entry.items() if k in keys})
+        given.update({k: v for k, v in top.items() if k in CHAIN_OPTIONS})
+        parsed: dict[str, Any] = {k: None for k in CHAIN_OPTIONS}
+        for key, opt in CHAIN_OPTIONS.items():
+            with self.collect():
+                value = self.interpolate(given.get(key), key)
+                parsed[key] = parse_option("chain", key, opt, value,
+                                           functools.partial(self.fail, key))
+        if record is not None and isinstance(record, Mapping) and not parsed["record.path"]:
+            with self.collect():
+                self.fail("record.path", "missing: the file the trace is appended to")
+        defaults = LoadConfig()
+        for key, default in (("load_margin", defaults.margin),
+                             ("cost_half_life", defaults.half_life)):
+            parsed[key] = default if parsed[key] is None else parsed[key]
+        return parsed
 
     def tier(self, value: Any, path: str, *, first: bool,
              seen: dict[str, str]) -> TierConfig | None:
@@ -336,18 +342,23 @@ class _Validator:
         name = self.tier_name(entry, path, seen)
         backend, declared = self.tier_backend(entry, path)
         if declared is not None:
-            accepted = sorted(TIER_KEYS | set(declared))
+            accepted = sorted({*file_keys(TIER_OPTIONS), *file_keys(declared)})
+            known = TIER_KEYS | {k for n, o in declared.items()
+                                 for k in (n, user_key(n, o), *(r.name for r in o.was))}
             for key in entry:
-                if key not in TIER_KEYS and key not in declared:
+                if key not in known:
                     with self.collect():
                         self.unknown(f"{path}.{key}", key, accepted, f" for backend {backend!r}")
         kw = self.tier_keys(entry, path, first)
         options: dict[str, Any] = {}
-        for key, opt in (declared or {}).items():
-            with self.collect():
-                value = self.interpolate(entry.get(key), f"{path}.{key}", opt.secret)
-                options[key] = parse_option(backend, key, opt, value,
-                                            functools.partial(self.fail, f"{path}.{key}"))
+        written: dict[str, str] = {}
+        if declared is not None:
+            values = self.names(entry, path, declared, TIER_KEYS, written)
+            for key, opt in declared.items():
+                at = f"{path}.{written.get(key, user_key(key, opt))}"
+                with self.collect():
+                    options[key] = parse_option(backend, key, opt, values.get(key),
+                                                functools.partial(self.fail, at))
         if name is not None:  # say which tier, beside the key path
             self.problems[before:] = [_in_tier(p, name, f"{path}.name")
                                       for p in self.problems[before:]]
@@ -355,8 +366,8 @@ class _Validator:
             return None
         return TierConfig(name=name, backend=backend, options=CheckedOptions(options, backend),
                           where=self.where(path), path=path,
-                          option_where={k: self.where(f"{path}.{k}") for k in entry
-                                        if k in declared},
+                          option_where={k: self.where(f"{path}.{w}")
+                                        for k, w in written.items()},
                           secret_options=frozenset(k for k, o in declared.items() if o.secret),
                           **kw)
 
@@ -388,39 +399,52 @@ class _Validator:
             return backend, self.backend_options(backend, f"{path}.backend")
         return backend or "", None
 
+    def names(self, entry: Mapping[str, Any], path: str, declared: Mapping[str, Option],
+              skip: frozenset[str], written: dict[str, str]) -> dict[str, Any]:
+        """The entry's keys of ``declared`` (not those in ``skip``), interpolated, by declared
+        name: old keys merged, with a warning naming the new one; ``written`` gets the key
+        each declared name was given under."""
+        secret = {k: o.secret for n, o in declared.items()
+                  for k in (n, user_key(n, o), *(r.name for r in o.was))}
+        values: dict[str, Any] = {}
+        for key, value in entry.items():
+            if key in skip or key not in secret:
+                continue
+            with self.collect():
+                values[key] = self.interpolate(value, f"{path}.{key}", secret[key])
+        for name, opt in declared.items():
+            for key in (user_key(name, opt), *(r.name for r in old_keys(name, opt))):
+                if key in values:
+                    written.setdefault(name, key)
+
+        def fail(key: str, reason: str) -> NoReturn:
+            self.fail(f"{path}.{key}", reason)
+
+        def warn(key: str, message: str) -> None:
+            where = self.where(f"{path}.{key}")
+            warnings.warn(DeprecatedKey(f"{where}: {path}.{key}: {message}"), stacklevel=2)
+
+        with self.collect():
+            return resolve_keys("a tier", declared, values, fail, warn, from_file=True)
+        return {}
+
     def tier_keys(self, entry: Mapping[str, Any], path: str, first: bool) -> dict[str, Any]:
-        """The keys every tier takes (:data:`TIER_KEYS`) that the entry sets, parsed."""
-        for below_only in ("write", "admit", "admit_sample"):
-            if first and entry.get(below_only) is not None:
+        """The keys every tier takes (:data:`TIER_OPTIONS`), parsed, defaults filled."""
+        given = self.names(entry, path, TIER_OPTIONS, frozenset(), {})
+        for below_only in _BELOW_ONLY:
+            if first and given.get(below_only) is not None:
                 with self.collect():
                     self.fail(f"{path}.{below_only}", f"'{below_only}' has no meaning on the "
                               "first tier (it sets how a tier is written from the tier above)")
         kw: dict[str, Any] = {}
-        for tier_key in _TIER_FIELDS[2:]:  # name and backend are read apart
-            key, kind = tier_key.name, tier_key.metadata["kind"]
+        for key, opt in TIER_OPTIONS.items():
+            if key in ("name", "backend"):  # read apart
+                continue
             with self.collect():
-                if kind == "shuffle":
-                    kw[key] = self.shuffle(entry.get(key), f"{path}.{key}")
-                    continue
-                val = self.scalar(entry.get(key), f"{path}.{key}", kind,
-                                  choices=tier_key.metadata["choices"])
-                if val is not None:
-                    kw[key] = val
-        with self.collect():
-            level = kw.get("codec_level", _TIER_DEFAULTS["codec_level"])
-            if level not in ZSTD_LEVELS:
-                del kw["codec_level"]
-                self.fail(f"{path}.codec_level", f"zstd levels run from {ZSTD_LEVELS[0]} to "
-                          f"{ZSTD_LEVELS[-1]}, got {level}")
-        with self.collect():
-            workers = kw.get("workers", _TIER_DEFAULTS["workers"])
-            if not 1 <= workers <= 64:
-                del kw["workers"]
-                self.fail(f"{path}.workers", f"expected 1 to 64 threads, got {workers}")
-        with self.collect():
-            if kw.get("admit", 1) < 1:
-                del kw["admit"]
-                self.fail(f"{path}.admit", "expected 1 (write every block) or more calls")
+                kw[key] = parse_option("tier", key, opt, given.get(key),
+                                       functools.partial(self.fail, f"{path}.{key}"))
+        codec = kw.pop("codec", None) or Codec()
+        kw.update(codec=codec.name, codec_level=codec.level, shuffle=codec.shuffle)
         with self.collect():
             # on the first tier it was refused above; the admit it goes with is checked here
             problem = sample_problem(2 if first else kw.get("admit", 1),
@@ -428,31 +452,19 @@ class _Validator:
             if problem is not None:
                 del kw["admit_sample"]
                 self.fail(f"{path}.admit_sample", problem)
-        return kw
+        return {k: v for k, v in kw.items() if v is not None}
 
     def backend_options(self, backend: str, path: str) -> Mapping[str, Option]:
         try:
             declared = self.registry.options(backend)
         except PluginError as exc:
             raise ConfigError(str(exc), where=self.where(path), key=path) from exc
-        bad = [k for k, o in declared.items() if k in TIER_KEYS or not isinstance(o, Option)]
+        bad = [k for k, o in declared.items()
+               if k in TIER_KEYS or user_key(k, o) in TIER_KEYS or not isinstance(o, Option)]
         if bad:
             raise PluginError(f"backend {backend!r} declares invalid option(s) {', '.join(bad)}: "
                               "options must be kvtier.spec.Option and not reuse tier keys")
         return declared
-
-    def shuffle(self, value: Any, path: str) -> str | int:
-        value = self.interpolate(value, path)
-        if value is None:
-            return "auto"
-        if isinstance(value, FromText):
-            with contextlib.suppress(ValueError):
-                value = convert("int", value)
-        if value == "auto" or (type(value) is int and value in _SHUFFLE_SETTINGS):
-            return str(value) if isinstance(value, str) else value
-        *most, last = _SHUFFLE_SETTINGS
-        self.fail(path, f"expected 'auto' or an element size {', '.join(map(str, most))} or "
-                        f"{last} (0 and 1 turn shuffling off), got {describe_value(value)}")
 
     def scalar(self, value: Any, path: str, kind: str, *,
                choices: tuple[Any, ...] | None = None, secret: bool = False) -> Any:

@@ -3,20 +3,23 @@
 A setting comes from the ``file`` (its ``file:line``), from the ``env``
 (a ``${VAR}`` in the file, found in the environment: the variable is named,
 the line is the file's) or is the ``default``.  Each tier gives a row for
-every key every tier takes (:data:`~kvtier.config.chain_config.TIER_KEYS`) and for
-every option its backend declares, set or not; the chain gives a row for each
-of its own keys (load policy, recording, metrics).  Values of secret options
-are ``***`` whatever their source, unless empty.
+every key every tier takes (:data:`~kvtier.config.settings.TIER_OPTIONS`) and for
+every option its backend declares, set or not, under the key a file writes
+(a value given under an old key is the new key's, from the file); the chain
+gives a row for each of its own keys (:data:`~kvtier.config.settings.CHAIN_OPTIONS`).
+Values of secret options are ``***`` whatever their source, unless empty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from kvtier.config.chain_config import ChainConfig, TierConfig
+from kvtier.config.settings import CHAIN_OPTIONS, TIER_OPTIONS
 from kvtier.config.units import format_duration
+from kvtier.plugins.options import old_keys, user_key
 from kvtier.plugins.registry import BackendRegistry, default_registry
 
 __all__ = ["CHAIN", "SOURCES", "Setting", "explain"]
@@ -101,34 +104,50 @@ def _origin(config: ChainConfig, tier: str, key: str, value: str,
 
 def _tier_rows(config: ChainConfig, tier: TierConfig, index: int,
                registry: BackendRegistry) -> Iterator[Setting]:
-    for f in fields(TierConfig):
-        if "kind" not in f.metadata:
-            continue
-        value = getattr(tier, f.name)
-        text = "-" if index == 0 and f.name in _BELOW_ONLY else show(value)
-        yield _origin(config, tier.name, f.name, text, f"{tier.path}.{f.name}")
-    for key, opt in registry.options(tier.backend).items():
-        value = tier.options.get(key)
+    for key, opt in TIER_OPTIONS.items():
+        if key == "codec":  # one key: its parts as the file writes them
+            value: Any = _codec(tier)
+        else:
+            value = getattr(tier, key)
+        text = "-" if index == 0 and key in _BELOW_ONLY else show(value, opt.type)
+        yield _origin(config, tier.name, key, text,
+                      *(f"{tier.path}.{k}" for k in _written(key, opt)))
+    for name, opt in registry.options(tier.backend).items():
+        if opt.internal and f"{tier.path}.{user_key(name, opt)}" not in config.given:
+            continue  # set by kvtier's commands, or derived: no setting of a file
+        value = tier.options.get(name)
         # an empty value holds no secret, and saying it is empty helps
-        masked = key in tier.secret_options and value not in (None, "", {}, [])
+        masked = name in tier.secret_options and value not in (None, "", {}, [])
         text = "***" if masked else show(value, opt.type)
-        yield _origin(config, tier.name, key, text, f"{tier.path}.{key}")
+        yield _origin(config, tier.name, user_key(name, opt), text,
+                      *(f"{tier.path}.{k}" for k in _written(name, opt)))
+
+
+def _written(name: str, opt: Any) -> tuple[str, ...]:
+    """The keys a file may have given the option under: its key, then its old ones."""
+    return (user_key(name, opt), *(r.name for r in old_keys(name, opt)))
+
+
+def _codec(tier: TierConfig) -> str:
+    text = tier.codec + (f":{tier.codec_level}" if tier.codec_level != 1 else "")
+    return text + (f":shuffle={tier.shuffle}" if tier.shuffle != "auto" else "")
 
 
 def _chain_rows(config: ChainConfig) -> Iterator[Setting]:
     load, record, metrics = config.load, config.record, config.metrics
-    recompute = load.recompute.describe() if load.recompute is not None else None
-    shown: list[tuple[str, Any, str, tuple[str, ...]]] = [
-        ("load_policy", load.policy, "", ()),
-        ("recompute", recompute, "", ()),
-        ("load_margin", load.margin, "", ()),
-        ("cost_half_life", load.half_life, "duration", ()),
+    values: dict[str, Any] = {
+        "load_policy": load.policy,
+        "recompute": load.recompute.describe() if load.recompute is not None else None,
+        "load_margin": load.margin,
+        "cost_half_life": load.half_life,
+        "record.path": record.path if record else None,
+        "record.sample": record.sample if record else None,
+        "metrics.prometheus_port": metrics.prometheus_port,
+        "metrics.prometheus_host": metrics.prometheus_host,
+        "metrics.log_interval": metrics.log_interval,
+    }
+    for key, opt in CHAIN_OPTIONS.items():
         # ``record: FILE`` is short for ``record: {path: FILE}``
-        ("record.path", record.path if record else None, "", ("record",)),
-        ("record.sample", record.sample if record else None, "", ()),
-        ("metrics.prometheus_port", metrics.prometheus_port, "", ()),
-        ("metrics.prometheus_host", metrics.prometheus_host, "", ()),
-        ("metrics.log_interval", metrics.log_interval, "duration", ()),
-    ]
-    for key, value, kind, also in shown:
-        yield _origin(config, CHAIN, key, show(value, kind), key, *also)
+        also = ("record",) if key == "record.path" else ()
+        kind = opt.type if opt.parse is None else ""
+        yield _origin(config, CHAIN, key, show(values[key], kind), key, *also)

@@ -25,11 +25,9 @@ from typing import Any, NoReturn
 from kvtier.config.units import format_duration
 from kvtier.plugins.options import describe_value, parse_duration
 
-__all__ = ["LOAD_KEYS", "LOAD_POLICIES", "LoadConfig", "Recompute", "parse_load"]
+__all__ = ["LOAD_POLICIES", "LoadConfig", "Recompute", "parse_recompute"]
 
 LOAD_POLICIES = ("cost", "always")
-#: The top-level keys this module reads.
-LOAD_KEYS = ("load_policy", "recompute", "load_margin", "cost_half_life")
 _PER_TOKEN_RE = re.compile(r"^\s*(.+?)\s*/\s*tokens?\s*$")
 _TOKENS_RE = re.compile(r"\s*tokens?\s*$")
 
@@ -85,11 +83,6 @@ class LoadConfig:
         return f"cost (recompute {self.recompute.describe()}, margin {self.margin:g})"
 
 
-#: Interpolates and parses one value (``(value, path, kind)``), as the validator does.
-Scalar = Callable[..., Any]
-Fail = Callable[[str, str], NoReturn]
-
-
 def parse_recompute(value: Any, fail: Callable[[str], NoReturn]) -> Recompute:
     """``0.5ms/token`` (a duration per token) or a mapping of prompt length to duration."""
     if isinstance(value, str):
@@ -122,26 +115,3 @@ def parse_recompute(value: Any, fail: Callable[[str], NoReturn]) -> Recompute:
         if t0 == t1 or s1 < s0:
             fail(f"{t1} tokens: durations must grow with prompt length")
     return Recompute(tuple(points))
-
-
-def parse_load(top: Mapping[str, Any], scalar: Scalar, fail: Fail) -> LoadConfig:
-    """The load policy from the top-level mapping; ``scalar`` and ``fail`` are the validator's."""
-    policy = scalar(top.get("load_policy"), "load_policy", "str", choices=LOAD_POLICIES)
-    recompute = None
-    if top.get("recompute") is not None:
-        raw = top["recompute"]
-        if isinstance(raw, str):
-            raw = scalar(raw, "recompute", "str")
-        recompute = parse_recompute(raw, lambda reason: fail("recompute", reason))
-    margin = scalar(top.get("load_margin"), "load_margin", "float")
-    if margin is not None and margin <= 0:
-        fail("load_margin", f"must be above 0, got {margin}")
-    half_life = scalar(top.get("cost_half_life"), "cost_half_life", "duration")
-    if half_life is not None and half_life <= 0:
-        fail("cost_half_life", "must be longer than 0s")
-    default = LoadConfig()
-    return LoadConfig(
-        policy or default.policy, recompute,
-        default.margin if margin is None else float(margin),
-        default.half_life if half_life is None else half_life,
-    )

@@ -10,25 +10,32 @@ with defaults filled, whoever opens it (a chain, the conformance kit, a test).
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
-from kvtier.spec import ConfigError, Option, PluginError
+from kvtier.spec import ConfigError, Option, PluginError, Renamed
 
 __all__ = [
     "CheckedOptions",
+    "DeprecatedKey",
     "FromText",
     "NotFinite",
     "check_options",
     "convert",
     "describe_value",
+    "file_keys",
     "finite",
+    "old_keys",
     "parse_duration",
     "parse_option",
     "parse_size",
     "parse_value",
+    "resolve_keys",
+    "user_key",
 ]
 
 _SIZE_UNITS = {
@@ -164,6 +171,87 @@ class CheckedOptions(Mapping[str, Any]):
         return f"CheckedOptions({self.backend!r}, {sorted(self._values)})"
 
 
+class DeprecatedKey(FutureWarning):
+    """An old key, still read for a release: the message names the key to write instead.
+
+    A ``FutureWarning``, so that Python shows it to the people who wrote the
+    key (a ``DeprecationWarning`` is hidden outside ``__main__``).
+    """
+
+
+def user_key(name: str, opt: Option) -> str:
+    """The key a file writes for the option declared as ``name``."""
+    return opt.key or name
+
+
+def old_keys(name: str, opt: Option) -> tuple[Renamed, ...]:
+    """The option's old keys: its declared name where it is not the key, then :attr:`was`."""
+    own = (Renamed(name),) if opt.key and opt.key != name else ()
+    return own + opt.was
+
+
+def file_keys(declared: Mapping[str, Option]) -> list[str]:
+    """The keys a file may write for ``declared`` (old keys and internal options left out)."""
+    return [user_key(n, o) for n, o in declared.items() if not o.internal]
+
+
+#: Reports one problem: ``(key as written, reason)``.
+FailAt = Callable[[str, str], NoReturn]
+#: Reports an old key or an internal option given: ``(key as written, what to do instead)``.
+Warn = Callable[[str, str], None]
+
+
+def resolve_keys(what: str, declared: Mapping[str, Option], values: Mapping[str, Any],
+                 fail: FailAt, warn: Warn, *, from_file: bool) -> dict[str, Any]:
+    """``values`` (by the keys written) by declared name, old keys merged into their new ones.
+
+    The one place an option's names are read: the key a file writes
+    (:attr:`~kvtier.spec.Option.key`), the name the backend declares and reads,
+    and the old keys (:attr:`~kvtier.spec.Option.was`).  An old key given is
+    ``warn``-ed with the new key; an option only kvtier's commands set
+    (:attr:`~kvtier.spec.Option.internal`) too, where ``from_file``.  An
+    unknown key, a value given under two names, or an old value that
+    contradicts the new key's is ``fail``-ed.
+    """
+    known = {user_key(n, o) for n, o in declared.items()}
+    known |= {r.name for n, o in declared.items() for r in old_keys(n, o)}
+    for key in values:
+        if key not in known:
+            accepted = file_keys(declared)
+            close = difflib.get_close_matches(str(key), accepted, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            fail(str(key), f"is not an option of {what}{hint} "
+                           f"(accepted: {', '.join(sorted(accepted)) or 'none'})")
+    out: dict[str, Any] = {}
+    for name, opt in declared.items():
+        new = user_key(name, opt)
+        value = values.get(new)
+        for old in old_keys(name, opt):
+            if values.get(old.name) is None:
+                continue
+            warn(old.name, f"{old.name!r} is deprecated and goes in the next release: "
+                           f"write {new!r} instead (docs/settings.md)")
+            if old.merge is None:
+                if value is not None:
+                    fail(old.name, f"{old.name!r} is the old name of {new!r}: give only {new!r}")
+                value = values[old.name]
+                continue
+            parsed = values[old.name]  # as written, where the merge reads it itself
+            if old.type is not None:
+                parsed = parse_value(old.type, parsed, functools.partial(fail, old.name))
+            elif isinstance(parsed, FromText):
+                parsed = str(parsed)
+            try:
+                value = old.merge(parsed, value)
+            except ValueError as exc:
+                fail(old.name, str(exc))
+        if opt.internal and from_file and values.get(new) is not None:
+            warn(new, f"{new!r} is no setting of a file and goes in the next release: "
+                      f"{opt.help}")
+        out[name] = value
+    return out
+
+
 def check_options(
     backend: str, declared: Mapping[str, Option], values: Mapping[str, Any]
 ) -> CheckedOptions:
@@ -171,23 +259,27 @@ def check_options(
 
     Options that already are :class:`CheckedOptions` of this backend (a chain's,
     checked by the config loader) are returned as they are.  Errors are
-    :class:`~kvtier.spec.ConfigError` with ``key`` the option name.
+    :class:`~kvtier.spec.ConfigError` with ``key`` the option's key.  A value
+    may be given under the option's key or its declared name; an old key
+    warns (:class:`DeprecatedKey`).
     """
     if isinstance(values, CheckedOptions) and values.backend == backend:
         return values
-    for key in values:
-        if key not in declared:
-            close = difflib.get_close_matches(str(key), list(declared), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            accepted = ", ".join(sorted(declared)) or "none"
-            raise ConfigError(f"is not an option of backend {backend!r}{hint} "
-                              f"(accepted: {accepted})", key=str(key))
+
+    def fail_at(key: str, reason: str) -> NoReturn:
+        raise ConfigError(reason, key=key)
+
+    def warn(key: str, message: str) -> None:
+        warnings.warn(DeprecatedKey(f"backend {backend!r}: {message}"), stacklevel=4)
+
+    named = resolve_keys(f"backend {backend!r}", declared, values, fail_at, warn,
+                         from_file=False)
     checked: dict[str, Any] = {}
     for name, opt in declared.items():
-        def fail(reason: str, name: str = name) -> NoReturn:
-            raise ConfigError(reason, key=name)
+        def fail(reason: str, key: str = user_key(name, opt)) -> NoReturn:
+            raise ConfigError(reason, key=key)
 
-        checked[name] = parse_option(backend, name, opt, values.get(name), fail)
+        checked[name] = parse_option(backend, name, opt, named[name], fail)
     return CheckedOptions(checked, backend)
 
 
@@ -199,11 +291,22 @@ def parse_option(backend: str, name: str, opt: Option, value: Any, fail: Fail) -
         if opt.default is None:
             return None
         try:
-            return convert(opt.type, opt.default)
+            return opt.parse(opt.default) if opt.parse else convert(opt.type, opt.default)
         except ValueError:
             raise PluginError(f"backend {backend!r}: option {name!r} "
                               f"has an invalid default for type {opt.type}") from None
-    parsed = parse_value(opt.type, value, fail, choices=opt.choices, secret=opt.secret)
+    if opt.parse is not None:
+        try:
+            parsed = opt.parse(str(value) if isinstance(value, FromText) else value)
+        except NotFinite as exc:
+            fail(str(exc))
+        except ValueError as exc:
+            fail(str(exc) if not opt.secret else "rejected (details hidden: secret option)")
+        if opt.choices is not None and parsed not in opt.choices:
+            fail(f"expected one of {', '.join(map(repr, opt.choices))}, "
+                 f"got {describe_value(value, opt.secret)}")
+    else:
+        parsed = parse_value(opt.type, value, fail, choices=opt.choices, secret=opt.secret)
     if opt.check is not None:
         try:
             opt.check(parsed)
