@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.config.load_policy import LoadConfig
 from kvtier.config.chain_config import load_config, validate_config
+from kvtier.config.load_policy import LoadConfig
 
 CHAIN = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}]}
 
