@@ -1,6 +1,6 @@
 """Charts of the smaller sections of ``kvtier bench``: lookup cost and codec ratio and speed.
 
-    python bench/micro.py [--report bench/charts/kvtier-bench.json] [--out bench/charts]
+    python bench/micro_charts.py [--report bench/charts/kvtier-bench.json] [--out bench/charts]
 
 Reads a report written by ``kvtier bench --json`` (the figures in
 BENCHMARKS.md come from ``kvtier bench --json > bench/charts/kvtier-bench.json``)
