@@ -22,10 +22,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from kvtier.block.buffers import joined, nbytes, own, parts_nbytes, scatter
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
-from ._batch import joined, nbytes, own, parts_nbytes, scatter
 from .eviction import EVICTION_POLICIES, Policy, new_policy
 from .sizing import SIZING_OPTION, Sizer
 

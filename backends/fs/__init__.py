@@ -29,7 +29,7 @@ threads by :func:`kvtier.spec.run_batch`.  Online sizing
 (:mod:`kvtier.backends.sizing`) sees this process's gets and puts: under a
 shared pool, each process estimates from its own traffic.
 
-May import :mod:`kvtier.backends._batch`, :mod:`kvtier.backends.eviction`,
+May import :mod:`kvtier.backends.eviction`,
 :mod:`kvtier.backends.sizing`, :mod:`kvtier.block`, :mod:`kvtier.config`,
 :mod:`kvtier.plugins` and :mod:`kvtier.spec`.
 """
@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
+from kvtier.block.buffers import joined, nbytes
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -56,7 +57,6 @@ from kvtier.spec import (
 )
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
-from .._batch import joined, nbytes
 from ..sizing import Sizing
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._batch import copy_bytes, scatter
+from kvtier.block.buffers import copy_bytes, scatter
 
 __all__ = ["DIRECT_MIN", "IOV_MAX", "DirectIO"]
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._batch import byte_views
+from kvtier.block.buffers import byte_views
+
 from .direct import IOV_MAX, DirectIO
 from .layout import (
     FAN_RE,

@@ -10,7 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._batch import byte_views
+from kvtier.block.buffers import byte_views
+
 from .layout import STALE_TMP_SECONDS, TMP_PREFIX, Entry, Mapper, Store, key_of_name, tmp_name
 
 __all__ = ["RemoteStore", "mtime_of"]

@@ -32,7 +32,7 @@ oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index.
 
-May import :mod:`kvtier.backends._batch`, :mod:`kvtier.backends.eviction`,
+May import :mod:`kvtier.block.buffers`, :mod:`kvtier.backends.eviction`,
 :mod:`kvtier.backends.sizing` and :mod:`kvtier.spec`.
 """
 
@@ -52,6 +52,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
 from obstore.store import S3Store
 
+from kvtier.block.buffers import nbytes
 from kvtier.spec import (
     BytesLike,
     Capabilities,
@@ -65,7 +66,6 @@ from kvtier.spec import (
 )
 from kvtier.spec.base import Evicted, Scan, Tamper
 
-from .._batch import nbytes
 from ..sizing import SIZING_OPTION, Sizing
 from .faults import Bucket, first_line
 from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex

@@ -39,7 +39,7 @@ repair or purge it there.  Operators run ``kvtier inspect``, ``scrub`` and
 The package: :mod:`.ring` places keys under ``hash``; :mod:`.wire` holds the
 connections, the pipelined requests and each peer's back-off.
 
-May import :mod:`kvtier.backends._batch`, :mod:`kvtier.peer.protocol` (the wire
+May import :mod:`kvtier.block.buffers`, :mod:`kvtier.peer.protocol` (the wire
 protocol, not the server) and :mod:`kvtier.spec`.
 """
 
@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.block.buffers import parts_nbytes
 from kvtier.peer import protocol as pp
 from kvtier.spec import (
     BackendError,
@@ -65,7 +66,6 @@ from kvtier.spec import (
 )
 from kvtier.spec.base import Evicted, GetInto, PutParts
 
-from .._batch import parts_nbytes
 from .ring import Ring
 from .wire import Conn, Payload, Peer, PeerDown, chunks, connect
 

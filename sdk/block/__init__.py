@@ -1,4 +1,6 @@
-"""Blocks as stored: the self-describing frame and the namespace it belongs to.
+"""Blocks as stored: the self-describing frame and the namespace it belongs to,
+and :mod:`~kvtier.block.buffers`, what a backend does with a block's buffers
+(byte counts, gather and scatter lists, copies).
 
 May import only :mod:`kvtier.spec`; everything above builds on it.
 

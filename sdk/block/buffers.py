@@ -1,9 +1,20 @@
-"""What the built-in backends do alike with a block: byte counts, gather and
-scatter lists, copies.
+"""A block's buffers: byte counts, gather and scatter lists, and copies.
 
-Private to ``kvtier.backends``.  What every backend needs for a batch (its
-length check, first occurrences of a key, failures caught in workers, a
-batch spread over threads) is public in :mod:`kvtier.spec.batch`.
+What a backend does alike with the blocks and buffers of a batch, public for
+every backend, built-in or of another distribution:
+
+* :func:`nbytes` and :func:`parts_nbytes` count bytes (``len`` of a
+  memoryview counts items, and a :class:`~kvtier.block.framing.Frame` knows
+  its size before its header is made);
+* :func:`own` and :func:`joined` give ``bytes`` a backend may keep;
+* :func:`byte_views` and :func:`scatter` walk a gather or scatter list
+  (``kvtier_put_parts``, ``kvtier_get_into``) byte by byte;
+* :func:`copy_bytes` copies a large buffer without holding the GIL.
+
+They are here, not in :mod:`kvtier.spec`, because they know the chain's
+frame and use numpy, and the spec imports nothing.  The helpers for a
+hook's batch as a whole (its length check, first occurrences of a key, a
+batch over threads) are :mod:`kvtier.spec.batch`.
 """
 
 from __future__ import annotations
@@ -31,17 +42,20 @@ _SMALL_COPY = 64 << 10
 
 
 def nbytes(block: BytesLike) -> int:
+    """Size of ``block`` in bytes."""
     # len() of a memoryview counts items, not bytes
     return block.nbytes if isinstance(block, memoryview) else len(block)
 
 
 def parts_nbytes(parts: Sequence[BytesLike]) -> int:
+    """Size in bytes of the block a gather list stands for, without joining it."""
     if isinstance(parts, Frame):
         return parts.nbytes  # known before its header, and the checksum, is made
     return sum(nbytes(part) for part in parts)
 
 
 def own(block: BytesLike) -> bytes:
+    """``block`` as ``bytes`` a backend may keep after the call (no copy of ``bytes``)."""
     # bytes is immutable, so holding the caller's object is as good as a copy
     return block if type(block) is bytes else bytes(block)
 
