@@ -100,9 +100,9 @@ class Chain:
             self._record.close()
             raise
         self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
-        self._load = LoadDecision(config.load, len(self.tiers), namespace.tokens_per_block)
+        self._load = LoadDecision.for_chain(config.load, self.tiers, registry)
         self._jobs = Jobs(job_workers)
-        self._listeners = Listeners(self._load.block_s)  # see add_listener
+        self._listeners = Listeners(self._load.block_s, self._load.block_recompute)  # add_listener
         self._closed = False
         self._reporter: MetricsReporter | None = None
         if config.metrics.prometheus_port is not None or config.metrics.log_interval:
@@ -413,6 +413,8 @@ class Chain:
         chain's ``load_policy``, faster to load than to recompute (:meth:`worth_loading`)."""
         return self.worth_loading(self.lookup(keys), tokens_per_block)
 
+    recompute = property(lambda self: self._load.recompute)  # kvtier.chain.learned_cost
+
     def worth_loading(
         self,
         where: Sequence[int | None],
@@ -544,7 +546,7 @@ class Chain:
         """Per-tier counters, latency, health and backend figures."""
         return {
             "namespace": self.namespace.hex,
-            "load_policy": self.config.load.describe(),
+            **self._load.policy_stats(),  # load_policy, and recompute: where its model came from
             "tiers": [
                 {**tier.snapshot(), **self._load.tier_stats(i)}
                 for i, tier in enumerate(self.tiers)
@@ -569,6 +571,7 @@ class Chain:
             log.exception("kvtier: saving write-back blocks at close failed")
         self.flush()
         self._closed = True
+        self._load.close()  # what it learned of recomputing goes to the store
         self._record.close()
         self._traffic.shutdown()
         for tier in self.tiers:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import Any
 
+from kvtier.chain.learned_cost import RecomputeModel, open_model
 from kvtier.config.load_policy import LoadConfig
 
 __all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
@@ -160,8 +161,11 @@ class LoadDecision:
     """Per tier of a chain: its :class:`LoadCost`, and the loads declined as not worth it."""
 
     def __init__(self, config: LoadConfig, tiers: int, tokens_per_block: int,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 recompute: RecomputeModel | None = None) -> None:
         self.config = config
+        #: the configured ``recompute``, else the one learned (:mod:`kvtier.chain.learned_cost`)
+        self.recompute = recompute or RecomputeModel(config.recompute)
         self.tokens_per_block = tokens_per_block
         self.costs = [LoadCost(config.half_life, clock) for _ in range(tiers)]
         self._lock = threading.Lock()
@@ -170,10 +174,41 @@ class LoadDecision:
         self._probes = [0] * tiers
         self._probing = [threading.Lock() for _ in range(tiers)]
 
+    @classmethod
+    def for_chain(cls, config: LoadConfig, tiers: Sequence[Any], registry: Any) -> LoadDecision:
+        """A chain's decision; where no recompute model is configured, it is learned and kept
+        in the first persistent tier of ``tiers`` (:func:`.learned_cost.open_model`)."""
+        tokens = tiers[0].namespace.tokens_per_block if tiers else 0
+        return cls(config, len(tiers), tokens,
+                   recompute=open_model(config.recompute, tiers, registry))
+
     @property
     def weighs(self) -> bool:
-        """Whether loads are weighed against recomputing (a ``recompute`` model is set)."""
-        return self.config.weighs
+        """Whether loads are weighed against recomputing (a ``recompute`` model is set,
+        or one was learned)."""
+        return self.config.policy == "cost" and self.recompute.current() is not None
+
+    def describe(self) -> str:
+        """``stats()["load_policy"]``: the configured policy, or the learned model in effect."""
+        model = self.recompute.current()
+        if self.config.policy != "cost" or self.config.recompute is not None or model is None:
+            return self.config.describe()
+        return (f"cost (recompute {model.describe()} learned from "
+                f"{self.recompute.learner.samples} samples, margin {self.config.margin:g})")
+
+    def policy_stats(self) -> dict[str, Any]:
+        """``load_policy`` (:meth:`describe`) and ``recompute`` (where its model came from)."""
+        return {"load_policy": self.describe(), "recompute": self.recompute.summary()}
+
+    def block_recompute(self) -> tuple[float, str]:
+        """Expected seconds to recompute a block's tokens (0.0: no model), and the source."""
+        model = self.recompute.current()
+        seconds = model.seconds(self.tokens_per_block) if model is not None else 0.0
+        return seconds, self.recompute.source
+
+    def close(self) -> None:
+        """Keep what was learned (the chain closes)."""
+        self.recompute.save()
 
     def unmeasured(self, where: Sequence[int | None]) -> list[int]:
         """The tiers in ``where`` (a lookup's answer) with no recent reads, each once."""
@@ -225,7 +260,7 @@ class LoadDecision:
     def slower_than_recompute(self, seconds: float) -> bool:
         """Whether a read of one block in ``seconds`` costs more than the margin times
         recomputing a block's tokens (a probe that would have the tier declined)."""
-        recompute = self.config.recompute
+        recompute = self.recompute.current()
         if recompute is None or not self.tokens_per_block:
             return False
         return seconds > self.config.margin * recompute.seconds(self.tokens_per_block)
@@ -254,8 +289,8 @@ class LoadDecision:
             if tier is None:
                 held = i
                 break
-        recompute = self.config.recompute
-        if not held or not self.config.weighs or recompute is None:
+        recompute = self.recompute.current()
+        if not held or self.config.policy != "cost" or recompute is None:
             return held
         per_block = tokens_per_block or self.tokens_per_block
         if not per_block:  # tokens unknown: nothing to weigh a load against

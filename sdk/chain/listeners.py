@@ -10,7 +10,10 @@ exception is logged and dropped, never seen by the chain's caller.
 Each event carries ``load_s``: what loading a usual block from its tier is
 expected to take now (the 0.9 quantile of the tier's fitted read time,
 :mod:`kvtier.chain.cost`; 0.0 while the tier is unmeasured), so that a router
-can weigh where a block lives, not only whether it is cached.
+can weigh where a block lives, not only whether it is cached; and
+``recompute_s``, what recomputing a block's tokens is expected to take (0.0
+without a model), with ``recompute_source`` (``configured``, ``learned`` or
+``none``, :mod:`kvtier.chain.learned_cost`): what ``load_s`` is weighed against.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class ChainEvent:
     reason: Reason
     #: Expected seconds to load a usual block from the tier (0.0: not measured yet).
     load_s: float = 0.0
+    #: Expected seconds to recompute a block's tokens (0.0: no model), and the model's source.
+    recompute_s: float = 0.0
+    recompute_source: str = "none"
 
 
 ChainListener = Callable[[ChainEvent], None]
@@ -53,11 +59,14 @@ ChainListener = Callable[[ChainEvent], None]
 class Listeners:
     """A thread-safe set of listeners; :meth:`emit` calls each in turn."""
 
-    def __init__(self, block_load: Callable[[int], float] | None = None) -> None:
-        """``block_load(tier_index)``: the tier's expected block load time, for ``load_s``."""
+    def __init__(self, block_load: Callable[[int], float] | None = None,
+                 block_recompute: Callable[[], tuple[float, str]] | None = None) -> None:
+        """``block_load(tier_index)``: the tier's expected block load time, for ``load_s``;
+        ``block_recompute()``: ``recompute_s`` and ``recompute_source``."""
         self._lock = threading.Lock()
         self._listeners: tuple[ChainListener, ...] = ()
         self._block_load = block_load
+        self._block_recompute = block_recompute
 
     def add(self, listener: ChainListener) -> None:
         with self._lock:
@@ -81,7 +90,8 @@ class Listeners:
         if not keys:
             return
         load_s = self._block_load(index) if self._block_load is not None else 0.0
-        event = ChainEvent(kind, tier, index, keys, reason, load_s)
+        redo = self._block_recompute() if self._block_recompute is not None else (0.0, "none")
+        event = ChainEvent(kind, tier, index, keys, reason, load_s, *redo)
         for listener in listeners:
             try:
                 listener(event)

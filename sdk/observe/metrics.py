@@ -119,8 +119,19 @@ class _Exporter:
             "estimated hit ratio of gets at a scale of the tier's capacity (online sizing)",
             labels=[*labels, "scale"],
         )
+        # what loads are weighed against: the recompute model, and where it came from
+        recompute = GaugeMetricFamily(
+            "kvtier_recompute_seconds_per_token",
+            "the recompute model's time a token (0 without one), by source: configured, "
+            "learned or none", labels=["namespace", "source"])
+        samples = GaugeMetricFamily(
+            "kvtier_recompute_samples", "timed recomputes the learned model holds",
+            labels=["namespace", "source"])
         for chain in list(self.chains):
             stats = chain.stats()
+            model = stats["recompute"]
+            recompute.add_metric([stats["namespace"], model["source"]], model["per_token_s"])
+            samples.add_metric([stats["namespace"], model["source"]], model["samples"])
             for tier in stats["tiers"]:
                 values = [stats["namespace"], tier["name"], tier["backend"]]
                 for key, family in families.items():
@@ -140,7 +151,7 @@ class _Exporter:
                     if key.startswith(_SIZING):
                         sizing.add_metric([*values, key[len(_SIZING):]], value)
         yield from families.values()
-        yield from (healthy, used, *own.values(), latency, block_load, sizing)
+        yield from (healthy, used, *own.values(), latency, block_load, sizing, recompute, samples)
 
 
 _SIZING_LINE = re.compile(r'^kvtier_tier_sizing_hit_ratio\{(.*)\} (\S+)$', re.M)
