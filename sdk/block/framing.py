@@ -12,10 +12,19 @@ namespace   16-byte namespace fingerprint
 key         the block's key (1-64 bytes)
 stored_len  length of the payload as stored (after the codec)
 codec       0 = none, 1 = zstd
-checksum    xxh3-64 of the stored payload, seeded with ``shuffle``, 8 bytes big-endian
+checksum    xxh3-64 of the stored payload, seeded with ``shuffle``, 8 bytes big-endian;
+            empty in a sealed block, whose GCM tag stands in for it
 raw_len     length of the payload before the codec
 shuffle     byte-shuffle element size applied before the codec, 0 = none
+tenant      the tenant whose block it is (0-64 bytes)
+key_id      8 bytes naming the master key a sealed block is encrypted under; empty: plaintext
+nonce       a sealed block's random 96-bit AES-GCM nonce; empty: plaintext
 ==========  ==========================================================
+
+A sealed block (a tier with ``encrypt``, :mod:`kvtier.block.crypt`) stores
+the codec's output encrypted with AES-256-GCM, its 16-byte tag appended
+(``stored_len`` counts it); the whole header, padding included, is the
+associated data, so no field of it can change without the block failing.
 
 An uncompressed payload of :data:`ALIGN_MIN` bytes or more starts at a
 :data:`ALIGN` boundary of the block: zero bytes pad the header up to it (they
@@ -34,18 +43,26 @@ ints and bytes only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, overload
+from typing import NamedTuple, overload
 
 import msgpack
 import numpy as np
 import xxhash
-import zstandard
 
+from kvtier.block.compress import (
+    check_zstd_sizes,
+    compressor,
+    decompress,
+    shuffle_bytes,
+    unpack_into,
+    unshuffle,
+)
+from kvtier.block.crypt import KEY_ID_LEN, NONCE_LEN, TAG_LEN, Keyring
 from kvtier.block.namespace import FORMAT_VERSION
 from kvtier.spec import BytesLike, CorruptBlockError
 
@@ -67,6 +84,7 @@ __all__ = [
     "Frame",
     "Header",
     "check_payload",
+    "check_scattered",
     "checks_while_copying",
     "copy_digest",
     "decode",
@@ -78,6 +96,8 @@ __all__ = [
     "kept_as",
     "parse_header",
     "recode",
+    "scatter_for",
+    "trailer",
 ]
 
 MAGIC = b"KVTB"
@@ -99,18 +119,17 @@ ALIGN = 4096
 #: Uncompressed payloads from this size on are aligned; below it the padding
 #: would cost more than 1.6% of the block.
 ALIGN_MIN = 256 << 10
-# a zstd block of up to 128 KiB of output takes at least 4 bytes (an RLE block),
-# so no frame expands more than this: bounds what a header may make us allocate
-_MAX_ZSTD_RATIO = 1 << 15
-
-
 @dataclass(frozen=True)
 class Codec:
-    """How a tier encodes payloads: ``zstd`` at ``level``, after byte-shuffle."""
+    """How a tier encodes payloads: ``zstd`` at ``level``, after byte-shuffle;
+    sealed with ``seal``'s writing key where one is given.  ``tenant`` is the
+    name new frames carry (a tier's namespace's tenant)."""
 
     name: str = "none"
     level: int = 1
     shuffle: int = 0
+    tenant: bytes = b""
+    seal: Keyring | None = None
 
     @property
     def codec_id(self) -> int:
@@ -130,6 +149,10 @@ class Header:
     raw_len: int
     shuffle: int
     size: int  # bytes taken by magic, length and header before the payload
+    tenant: bytes = b""
+    key_id: bytes = b""  # empty: plaintext
+    nonce: bytes = b""
+    aad: bytes = b""  # a sealed block's header as stored: the cipher's associated data
 
 
 class Decoded(NamedTuple):
@@ -154,38 +177,6 @@ class Checked(NamedTuple):
     verified: bool
 
 
-_local = threading.local()  # zstd contexts are not safe to share between threads
-
-
-def _compressor(level: int) -> Any:
-    cache: dict[int, Any] = _local.__dict__.setdefault("compressors", {})
-    if level not in cache:
-        cache[level] = zstandard.ZstdCompressor(level=level)
-    return cache[level]
-
-
-def _decompressor() -> Any:
-    if not hasattr(_local, "decompressor"):
-        _local.decompressor = zstandard.ZstdDecompressor()
-    return _local.decompressor
-
-
-def _shuffle(payload: BytesLike, width: int) -> bytes:
-    """Group byte ``j`` of every element together: exponent bytes compress well."""
-    data = np.frombuffer(payload, dtype=np.uint8)
-    whole = len(data) - len(data) % width
-    body = data[:whole].reshape(-1, width).T.tobytes()
-    return body + data[whole:].tobytes()
-
-
-def _unshuffle_into(shuffled: BytesLike, width: int, out: memoryview) -> None:
-    src = np.frombuffer(shuffled, dtype=np.uint8)
-    dst = np.frombuffer(out, dtype=np.uint8)
-    whole = len(src) - len(src) % width
-    dst[:whole].reshape(-1, width)[:] = src[:whole].reshape(width, -1).T
-    dst[whole:] = src[whole:]
-
-
 def _header_bytes(
     namespace: bytes,
     key: bytes,
@@ -194,9 +185,13 @@ def _header_bytes(
     checksum: bytes,
     raw_len: int,
     shuffle: int,
+    tenant: bytes = b"",
+    key_id: bytes = b"",
+    nonce: bytes = b"",
 ) -> bytes:
     body: bytes = msgpack.packb(
-        [FORMAT_VERSION, namespace, key, stored_len, codec, checksum, raw_len, shuffle],
+        [FORMAT_VERSION, namespace, key, stored_len, codec, checksum, raw_len, shuffle,
+         tenant, key_id, nonce],
         use_bin_type=True,
     )
     head = _PREFIX.pack(MAGIC, len(body)) + body
@@ -205,21 +200,64 @@ def _header_bytes(
     return head
 
 
-def header_size(namespace: bytes, key: bytes, payload_len: int) -> int:
-    """Bytes before the payload in an uncompressed block of ``payload_len``.
+def header_size(namespace: bytes, key: bytes, payload_len: int, codec: Codec | None = None) -> int:
+    """Bytes before the payload in an uncompressed block of ``payload_len``
+    written by a tier of ``codec`` (its tenant, whether it seals).
 
     Lets a reader size a scatter list ``[header, payload]`` so an
     uncompressed block lands straight in the caller's buffer.
     """
-    return _header_len(len(namespace), len(key), payload_len)
+    codec = codec or _UNCOMPRESSED
+    return _header_len(len(namespace), len(key), payload_len, len(codec.tenant),
+                       codec.seal is not None)
 
 
 @functools.lru_cache(maxsize=1024)
-def _header_len(namespace_len: int, key_len: int, payload_len: int) -> int:
+def _header_len(namespace_len: int, key_len: int, payload_len: int, tenant_len: int = 0,
+                sealed: bool = False) -> int:
     # msgpack's length of a bin depends on its length alone, so a batch of
     # one block size packs one header here, not one per block (1.3 us each)
+    if sealed:
+        return len(_header_bytes(bytes(namespace_len), bytes(key_len), payload_len + TAG_LEN,
+                                 CODEC_NONE, b"", payload_len, 0, bytes(tenant_len),
+                                 bytes(KEY_ID_LEN), bytes(NONCE_LEN)))
     return len(_header_bytes(bytes(namespace_len), bytes(key_len), payload_len, CODEC_NONE,
-                             bytes(8), payload_len, 0))
+                             bytes(8), payload_len, 0, bytes(tenant_len)))
+
+
+def scatter_for(
+    namespace: bytes, key: bytes, out: memoryview, codec: Codec
+) -> tuple[bytearray, list[memoryview]]:
+    """A scatter list that reads an uncompressed block of ``codec`` straight into ``out``.
+
+    Returns ``(head, [header, out])``, or for a sealed block ``(head,
+    [header, out, tag])``: ``head`` holds the header, and after it the tag.
+    :func:`check_scattered` checks what the list read.
+    """
+    size = header_size(namespace, key, out.nbytes, codec)
+    head = bytearray(size + (TAG_LEN if codec.seal is not None else 0))
+    view = memoryview(head)
+    return head, [view[:size], out, *([view[size:]] if codec.seal is not None else [])]
+
+
+def trailer(header: Header) -> int:
+    """Bytes of a block after its payload's place in a scatter read: a sealed block's tag."""
+    return TAG_LEN if header.key_id else 0
+
+
+def check_scattered(
+    header: Header, head: bytearray, out: memoryview, verify: bool, seal: Keyring | None
+) -> None:
+    """Check an uncompressed block read by :func:`scatter_for`'s list, whose layout
+    the caller compared: a plaintext payload's checksum when ``verify``, or a
+    sealed one opened in place in ``out`` (its tag always checked)."""
+    if not header.key_id:
+        check_payload(header, out, verify)
+        return
+    if seal is None:
+        raise CorruptBlockError("sealed block, and this tier has no keys (encrypt is not set)")
+    tag = memoryview(head)[header.size : header.size + TAG_LEN]
+    seal.open_in_place(header.key_id, header.tenant, header.nonce, header.aad, out, tag)
 
 
 def encode_parts(
@@ -236,11 +274,19 @@ def encode_parts(
     stored: BytesLike = view
     if codec.name == "zstd":
         if codec.shuffle > 1 and raw_len >= codec.shuffle:
-            stored = _shuffle(view, codec.shuffle)
+            stored = shuffle_bytes(view, codec.shuffle)
             shuffle = codec.shuffle
-        stored = _compressor(codec.level).compress(stored)
+        stored = compressor(codec.level).compress(stored)
+    seal = codec.seal
+    if seal is not None:  # the GCM tag stands in for the checksum: one pass over the payload
+        nonce = seal.nonce()
+        header = _header_bytes(namespace, key, memoryview(stored).nbytes + TAG_LEN,
+                               codec.codec_id, b"", raw_len, shuffle, codec.tenant,
+                               seal.write_id, nonce)
+        return header, seal.seal(codec.tenant, nonce, stored, header)
     checksum = _checksum(stored, shuffle)
-    header = _header_bytes(namespace, key, len(stored), codec.codec_id, checksum, raw_len, shuffle)
+    header = _header_bytes(namespace, key, len(stored), codec.codec_id, checksum, raw_len, shuffle,
+                           codec.tenant)
     return header, stored
 
 
@@ -260,20 +306,24 @@ class Frame(Sequence[BytesLike]):
     Two threads reading the header first at once both make the same bytes.
     """
 
-    __slots__ = ("_header", "_key", "_namespace", "_payload", "nbytes")
+    __slots__ = ("_codec", "_header", "_key", "_namespace", "_payload", "nbytes")
 
-    def __init__(self, namespace: bytes, key: bytes, payload: BytesLike) -> None:
-        self._namespace, self._key = namespace, key
+    def __init__(self, namespace: bytes, key: bytes, payload: BytesLike,
+                 codec: Codec = _UNCOMPRESSED) -> None:
+        if codec.name != "none" or codec.seal is not None:
+            raise ValueError("a Frame is a plaintext, uncompressed block")
+        self._namespace, self._key, self._codec = namespace, key, codec
         self._payload = memoryview(payload).cast("B")
         self._header: bytes | None = None
         #: Bytes in the block, header included.
-        self.nbytes = header_size(namespace, key, self._payload.nbytes) + self._payload.nbytes
+        size = self._payload.nbytes
+        self.nbytes = header_size(namespace, key, size, codec) + size
 
     @property
     def header(self) -> bytes:
         header = self._header
         if header is None:
-            header = encode_parts(self._namespace, self._key, self._payload, _UNCOMPRESSED)[0]
+            header = encode_parts(self._namespace, self._key, self._payload, self._codec)[0]
             self._header = header
         return header
 
@@ -335,9 +385,9 @@ def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
         )
     except Exception as exc:  # msgpack raises several unrelated types
         raise CorruptBlockError(f"unreadable header: {exc}") from None
-    if not isinstance(fields, list) or len(fields) != 8:
-        raise CorruptBlockError("header is not an 8-field array")
-    version, ns, hkey, stored_len, codec, checksum, raw_len, shuffle = fields
+    if not isinstance(fields, list) or len(fields) != 11:
+        raise CorruptBlockError("header is not an 11-field array")
+    version, ns, hkey, stored_len, codec, checksum, raw_len, shuffle, tenant, key_id, nonce = fields
     if version != FORMAT_VERSION:
         raise CorruptBlockError(f"format version {version!r}, expected {FORMAT_VERSION}")
     if ns != namespace:
@@ -349,9 +399,17 @@ def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
         raise CorruptBlockError("header fields have wrong types")
     if codec not in CODECS.values() or (shuffle and shuffle not in SHUFFLE_WIDTHS):
         raise CorruptBlockError(f"unknown codec {codec} or shuffle {shuffle}")
-    if not isinstance(checksum, bytes) or len(checksum) != 8:
+    if not all(isinstance(v, bytes) for v in (checksum, tenant, key_id, nonce)):
+        raise CorruptBlockError("header fields have wrong types")
+    sealed = bool(key_id)
+    if sealed and (checksum or len(key_id) != KEY_ID_LEN or len(nonce) != NONCE_LEN):
+        raise CorruptBlockError("bad key id, nonce or checksum field in a sealed block")
+    if not sealed and (len(checksum) != 8 or nonce):
         raise CorruptBlockError("bad checksum field")
-    if codec == CODEC_NONE and (raw_len != stored_len or shuffle):
+    tag = TAG_LEN if sealed else 0
+    if stored_len < tag or len(tenant) > 64:
+        raise CorruptBlockError("bad stored length or tenant")
+    if codec == CODEC_NONE and (raw_len + tag != stored_len or shuffle):
         raise CorruptBlockError("uncompressed block with inconsistent lengths")
     size = _PREFIX.size + hlen
     if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
@@ -359,37 +417,42 @@ def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
         padding = view[_PREFIX.size + hlen : size].tobytes()
         if padding != bytes(size - _PREFIX.size - hlen):  # short, or not zero
             raise CorruptBlockError("header padding is short or not zero")
-    if codec == CODEC_ZSTD:
-        _check_zstd_sizes(view[size:], stored_len, raw_len)
-    return Header(ns, hkey, stored_len, codec, checksum, raw_len, shuffle, size)
+    if codec == CODEC_ZSTD:  # a sealed frame's size is checked once it is opened
+        check_zstd_sizes(view[size:] if not sealed else view[:0], stored_len - tag, raw_len)
+    aad = view[:size].tobytes() if sealed else b""
+    return Header(ns, hkey, stored_len, codec, checksum, raw_len, shuffle, size, tenant, key_id,
+                  nonce, aad)
 
 
-def _check_zstd_sizes(stored: memoryview, stored_len: int, raw_len: int) -> None:
-    """Refuse a raw length no frame of this size can produce, before anyone allocates it.
+def check_payload(
+    header: Header, stored: BytesLike, verify: bool, seal: Keyring | None = None
+) -> None:
+    """Check the stored payload's length, and its checksum when ``verify``.
 
-    Callers size buffers from ``raw_len`` right after parsing; the header is
-    not under the checksum, so a flipped bit there must not become a huge
-    allocation.  With the payload at hand the frame's own size is compared too.
+    A sealed payload's check is its GCM tag: it is opened (into scratch
+    memory) with ``seal``; without one it cannot be checked, and is corrupt.
     """
-    if raw_len > stored_len * _MAX_ZSTD_RATIO:
-        raise CorruptBlockError(f"raw length {raw_len} is impossible for {stored_len} stored")
-    if stored.nbytes == stored_len:
-        try:
-            size = zstandard.frame_content_size(stored)
-        except zstandard.ZstdError as exc:
-            raise CorruptBlockError(f"zstd: {exc}") from None
-        if size != raw_len:
-            raise CorruptBlockError("zstd frame size differs from header")
-
-
-def check_payload(header: Header, stored: BytesLike, verify: bool) -> None:
-    """Check the stored payload's length, and its checksum when ``verify``."""
     if memoryview(stored).nbytes != header.stored_len:
         raise CorruptBlockError(
             f"payload is {memoryview(stored).nbytes} bytes, header says {header.stored_len}"
         )
-    if verify and _checksum(stored, header.shuffle) != header.checksum:
+    if not verify:
+        return
+    if header.key_id:
+        _open(header, stored, seal)
+    elif _checksum(stored, header.shuffle) != header.checksum:
         raise CorruptBlockError("checksum mismatch")
+
+
+def _open(header: Header, stored: BytesLike, seal: Keyring | None,
+          out: memoryview | None = None) -> memoryview:
+    """A sealed payload opened into ``out`` (else new memory): the codec's output."""
+    if seal is None:
+        raise CorruptBlockError("sealed block, and this tier has no keys (encrypt is not set)")
+    if out is None:
+        out = np.empty(header.stored_len - TAG_LEN, dtype=np.uint8).data
+    seal.open_into(header.key_id, header.tenant, header.nonce, stored, header.aad, out)
+    return out
 
 
 def digest(data: BytesLike) -> int:
@@ -426,10 +489,12 @@ def decode_into(
     *,
     verify: bool = True,
     header: Header | None = None,
+    seal: Keyring | None = None,
 ) -> Header:
     """Check ``blob`` fully and write its raw payload into ``out``.
 
     ``header`` is the block's, when the caller has parsed it already.
+    ``seal`` opens a sealed block (whose tag is always checked).
     ``out`` must be exactly the raw payload size; a reader that cannot tell
     a sound block of another size from a damaged one compares
     ``header.raw_len`` first, as tiers do (:meth:`~kvtier.chain.tier.Tier.decode`).
@@ -438,6 +503,16 @@ def decode_into(
     if header is None:
         header = parse_header(blob, namespace, key)
     stored = memoryview(blob).cast("B")[header.size :]
+    if header.key_id:
+        check_payload(header, stored, False)
+        if header.raw_len != out.nbytes:
+            raise CorruptBlockError(
+                f"block holds {header.raw_len} bytes, reader expects {out.nbytes}")
+        if header.codec == CODEC_NONE:
+            _open(header, stored, seal, out)
+        else:
+            unpack_into(_open(header, stored, seal), header.raw_len, header.shuffle, out)
+        return header
     one_pass = (
         _xxh3copy is not None and header.codec == CODEC_NONE
         and stored.nbytes >= _xxh3copy.MIN_LEN and out.c_contiguous and not out.readonly
@@ -456,26 +531,8 @@ def decode_into(
     if header.codec == CODEC_NONE:
         out[:] = stored
         return header
-    raw = _decompress(stored, header)
-    if header.shuffle:
-        _unshuffle_into(raw, header.shuffle, out)
-    else:
-        out[:] = raw
+    unpack_into(stored, header.raw_len, header.shuffle, out)
     return header
-
-
-def _decompress(stored: memoryview, header: Header) -> bytes:
-    """The zstd frame ``stored`` decompressed, still shuffled; a bad frame is corrupt."""
-    try:
-        # a frame may claim any size; allocate only what the checked header allows
-        if zstandard.frame_content_size(stored) != header.raw_len:
-            raise CorruptBlockError("zstd frame size differs from header")
-        raw: bytes = _decompressor().decompress(stored, max_output_size=header.raw_len)
-    except zstandard.ZstdError as exc:
-        raise CorruptBlockError(f"zstd: {exc}") from None
-    if len(raw) != header.raw_len:
-        raise CorruptBlockError("decompressed length differs from header")
-    return raw
 
 
 def decode(
@@ -485,6 +542,7 @@ def decode(
     *,
     verify: bool = True,
     header: Header | None = None,
+    seal: Keyring | None = None,
 ) -> Decoded:
     """Check ``blob`` fully and return its raw payload as new ``bytes``, with its header.
 
@@ -495,15 +553,14 @@ def decode(
     if header is None:
         header = parse_header(blob, namespace, key)
     stored = memoryview(blob).cast("B")[header.size :]
-    check_payload(header, stored, verify)
+    check_payload(header, stored, verify and not header.key_id)
+    if header.key_id:  # opened: its tag is checked whatever verify says
+        stored = _open(header, stored, seal)
     if header.codec == CODEC_NONE:
         return Decoded(stored.tobytes(), header)
-    raw = _decompress(stored, header)
+    raw = decompress(stored, header.raw_len)
     if header.shuffle:
-        data = np.frombuffer(raw, dtype=np.uint8)
-        whole = len(data) - len(data) % header.shuffle
-        body = data[:whole].reshape(header.shuffle, -1).T.tobytes()
-        raw = body + data[whole:].tobytes() if whole < len(data) else body
+        raw = unshuffle(raw, header.shuffle)
     return Decoded(raw, header)
 
 
@@ -511,9 +568,12 @@ def kept_as(header: Header, codec: Codec) -> bool:
     """Whether a tier encoding with ``codec`` stores the frame of ``header`` as it is.
 
     The level is not in a frame; a shuffle width is, and only zstd uses one.
+    A tier that seals keeps only frames sealed under its writing key (one
+    under an older key is sealed afresh), a plaintext tier only plaintext.
     """
     same_shuffle = codec.name == "none" or header.shuffle == codec.shuffle
-    return header.codec == codec.codec_id and same_shuffle
+    key_id = codec.seal.write_id if codec.seal is not None else b""
+    return header.codec == codec.codec_id and same_shuffle and header.key_id == key_id
 
 
 def recode(
@@ -532,12 +592,16 @@ def recode(
     form is always checked before it is re-encoded, whatever ``verify`` says:
     the new frame's checksum is taken afresh, and must never vouch for bytes
     that were not checked.  ``header``: the frame's, where the caller parsed it.
+    A sealed frame is opened with ``codec``'s keys; the new frame keeps the
+    tenant the frame names.
     """
     if header is None:
         header = parse_header(blob, namespace, key)
     stored = memoryview(blob).cast("B")[header.size :]
     if kept_as(header, codec):
-        check_payload(header, stored, verify)
+        check_payload(header, stored, verify, codec.seal)
         return blob if isinstance(blob, bytes) else bytes(blob)
-    payload = decode(blob, namespace, key, verify=True, header=header).payload
+    payload = decode(blob, namespace, key, verify=True, header=header, seal=codec.seal).payload
+    if header.tenant != codec.tenant:
+        codec = dataclasses.replace(codec, tenant=header.tenant)
     return encode(namespace, key, payload, codec)

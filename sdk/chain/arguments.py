@@ -12,7 +12,7 @@ from typing import Any
 
 from kvtier.spec import MAX_KEY_SIZE
 
-__all__ = ["byte_views", "check_keys", "writable"]
+__all__ = ["byte_views", "check_keys", "runs_of", "writable"]
 
 #: What a caller passes by mistake where a sequence of them is asked for: one
 #: ``bytes`` is a sequence too, of ints.
@@ -62,3 +62,19 @@ def writable(buffers: Sequence[Any], n: int) -> list[memoryview]:
         if view.readonly:
             raise TypeError(f"out[{i}] must be writable (bytearray, numpy array, ...)")
     return views
+
+
+def runs_of(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    """A batch split into runs of about ``limit`` bytes: ``[lo, hi)`` index pairs
+    (a run holds at least one item, however large)."""
+    if sum(sizes) <= limit:
+        return [(0, len(sizes))]
+    runs: list[tuple[int, int]] = []
+    lo = total = 0
+    for i, size in enumerate(sizes):
+        if i > lo and total + size > limit:
+            runs.append((lo, i))
+            lo, total = i, 0
+        total += size
+    runs.append((lo, len(sizes)))
+    return runs

@@ -43,7 +43,8 @@ log = logging.getLogger("kvtier.chain.catalog")
 #: The namespace descriptors live in.
 CATALOG = Namespace(model="kvtier/catalog")
 CATALOG_HEX = CATALOG.hex
-_FIELDS = ("model", "dtype", "tokens_per_block", "kv_layout", "parallel_layout", "extra")
+_FIELDS = ("model", "dtype", "tokens_per_block", "kv_layout", "parallel_layout", "extra",
+           "tenant")
 #: Largest descriptor read back; real ones are a few hundred bytes.
 _MAX_DESCRIPTOR = 64 << 10
 
@@ -58,6 +59,7 @@ def describe(namespace: Namespace) -> dict[str, Any]:
         "kv_layout": namespace.kv_layout,
         "parallel_layout": namespace.parallel_layout,
         "extra": {str(k): str(v) for k, v in sorted(namespace.extra.items())},
+        "tenant": namespace.tenant,
     }
 
 

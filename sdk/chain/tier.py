@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.block import framing
+from kvtier.block.crypt import keyring_from
 from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
+from kvtier.chain.arguments import runs_of
 from kvtier.chain.health import Health, Reopen, close_quietly
 from kvtier.observe.stats import TierStats
 from kvtier.plugins.registry import BackendHandle
@@ -55,7 +57,10 @@ class Tier:
         self._ns = namespace.fingerprint
         shuffle = config.shuffle
         width = namespace.shuffle_width() if shuffle == "auto" else int(shuffle)
-        self.codec = Codec(config.codec, config.codec_level, width if width > 1 else 0)
+        # frames name the tenant; a tier with encrypt seals them (kvtier.block.crypt)
+        self.seal = keyring_from(config.encrypt, f"{config.path or 'chain'}.encrypt")
+        self.codec = Codec(config.codec, config.codec_level, width if width > 1 else 0,
+                           namespace.tenant.encode(), self.seal)
         self.verify = config.verify
         self.stats = TierStats()
         # Two breakers: a failed store (disk full, quota) must not take the
@@ -211,8 +216,8 @@ class Tier:
         if not keys:
             return [], evicted, []
         parts: list[Sequence[BytesLike]]
-        if self.codec.name == "none":  # each checksummed when the backend reads its header
-            parts = [framing.Frame(self._ns, k, p) for k, p in zip(keys, payloads)]
+        if self.codec.name == "none" and not self.seal:  # checksummed when its header is read
+            parts = [framing.Frame(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)]
         else:
             parts = [
                 framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
@@ -351,10 +356,11 @@ class Tier:
             header = framing.parse_header(blob, self._ns, key)
             if header.raw_len != out.nbytes:
                 stored = memoryview(blob).cast("B")[header.size :]
-                framing.check_payload(header, stored, self.verify)  # sound, or corrupt
+                framing.check_payload(header, stored, self.verify, self.seal)  # sound, or not
                 self._wrong_size(key, header.raw_len, out.nbytes)
                 return None
-            framing.decode_into(blob, self._ns, key, out, verify=self.verify, header=header)
+            framing.decode_into(blob, self._ns, key, out, verify=self.verify, header=header,
+                                seal=self.seal)
             return header
         except CorruptBlockError as exc:
             self._rejected(key, exc, held)
@@ -366,7 +372,7 @@ class Tier:
         Its header is parsed once (:func:`~kvtier.block.framing.decode`).
         """
         try:
-            return framing.decode(blob, self._ns, key, verify=self.verify).payload
+            return framing.decode(blob, self._ns, key, verify=self.verify, seal=self.seal).payload
         except CorruptBlockError as exc:
             self._rejected(key, exc, held)
             return None
@@ -402,18 +408,9 @@ class Tier:
         "Figures behind design choices").  Other backends get the whole
         batch in one call: they work on it in parallel.
         """
-        n = len(outs)
-        if not self._in_process or sum(o.nbytes for o in outs) <= _CACHE_BATCH:
-            return [(0, n)]
-        runs: list[tuple[int, int]] = []
-        lo = total = 0
-        for i, out in enumerate(outs):
-            if i > lo and total + out.nbytes > _CACHE_BATCH:
-                runs.append((lo, i))
-                lo, total = i, 0
-            total += out.nbytes
-        runs.append((lo, n))
-        return runs
+        if not self._in_process:
+            return [(0, len(outs))]
+        return runs_of([o.nbytes for o in outs], _CACHE_BATCH)
 
     def _get_into_direct(
         self,
@@ -428,10 +425,9 @@ class Tier:
         Each hit's frame goes to ``frames[first + i]`` when given, as its
         header and the caller's buffer.
         """
-        heads = [
-            bytearray(framing.header_size(self._ns, k, o.nbytes)) for k, o in zip(keys, outs)
-        ]
-        scatter = [[memoryview(h), o] for h, o in zip(heads, outs)]
+        # [header, out], and a sealed block's tag after the header in its buffer
+        made = [framing.scatter_for(self._ns, k, o, self.codec) for k, o in zip(keys, outs)]
+        heads, scatter = [h for h, _ in made], [s for _, s in made]
         sizes = self._call("get", lambda: self.handle.get_into(keys, scatter), len(keys))
         if sizes is None:
             return []
@@ -444,7 +440,7 @@ class Tier:
                 continue
             try:
                 header = framing.parse_header(heads[i], self._ns, keys[i])
-                layout = (header.size, header.codec, header.raw_len)
+                layout = (header.size + framing.trailer(header), header.codec, header.raw_len)
             except CorruptBlockError:
                 layout = None
             if layout != (len(heads[i]), framing.CODEC_NONE, outs[i].nbytes):
@@ -453,7 +449,7 @@ class Tier:
                 fallback.append(i)
                 continue
             try:
-                framing.check_payload(header, outs[i], self.verify)
+                framing.check_scattered(header, heads[i], outs[i], self.verify, self.seal)
                 found[i] = True
             except CorruptBlockError as exc:
                 self._corrupt(keys[i], exc)
@@ -474,7 +470,8 @@ class Tier:
             payload: bytes | None = None
             if blob is not None:
                 try:
-                    payload, header = framing.decode(blob, self._ns, key, verify=self.verify)
+                    payload, header = framing.decode(blob, self._ns, key, verify=self.verify,
+                                                     seal=self.seal)
                     if frames is not None:
                         frames[i] = framing.Checked((blob,), header, self.verify)
                 except CorruptBlockError as exc:
@@ -507,7 +504,7 @@ class Tier:
             try:
                 header = framing.parse_header(blob, self._ns, key)
                 framing.check_payload(
-                    header, memoryview(blob).cast("B")[header.size :], self.verify
+                    header, memoryview(blob).cast("B")[header.size :], self.verify, self.seal
                 )
             except CorruptBlockError as exc:
                 self._corrupt(key, exc)

@@ -213,7 +213,9 @@ class Traffic:
         blobs: list[BytesLike] = []
         headers: list[Header | None] = []
         for j, frame in enumerate(frames):
-            if payloads is not None and frame.verified and not framing.kept_as(frame.header, codec):
+            # a sealed frame read into a caller's buffer was opened there: made afresh
+            fresh = frame.header.key_id or not framing.kept_as(frame.header, codec)
+            if payloads is not None and frame.verified and fresh:
                 blobs.append(framing.encode(ns, keys[j], payloads[j], codec))
                 headers.append(None)
                 continue

@@ -90,6 +90,8 @@ class TierConfig:
     #: Whether the chain fails to open where this tier's backend cannot open;
     #: otherwise the tier starts failed and is retried (:mod:`kvtier.chain.health`).
     required: bool = False
+    #: Master key sources sealing this tier's blocks (:mod:`kvtier.block.crypt`), or none.
+    encrypt: str = "none"
     where: str = "<dict>"
     #: Names of options declared secret: never print their values.
     secret_options: frozenset[str] = frozenset()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from kvtier.block.crypt import check_key_sources
 from kvtier.block.framing import CODECS, SHUFFLE_WIDTHS, ZSTD_LEVELS
 from kvtier.config.load_policy import LOAD_POLICIES, parse_recompute
 from kvtier.plugins.options import describe_value
@@ -137,6 +138,10 @@ TIER_OPTIONS: Mapping[str, Option] = {
                            check=_within(0.0, 1.0, "a share from 0 to 1")),
     "required": Option("bool", "the chain fails to open where this tier cannot; otherwise "
                        "the tier starts failed and is retried", default=False),
+    "encrypt": Option("str", "seal this tier's blocks with AES-256-GCM under the master keys "
+                      "in file:PATH or env:VAR, the writing key first, older ones after commas "
+                      "(docs/tenants.md); none: plaintext", default="none",
+                      check=check_key_sources),
 }
 
 #: The chain's own keys, by key path.

@@ -203,7 +203,7 @@ def test_zstd_bomb_claiming_a_small_size_is_rejected() -> None:
 
     bomb = zstandard.ZstdCompressor().compress(bytes(50 << 20))
     checksum = xxhash.xxh3_64_digest(bomb)
-    blob = _forge([FORMAT_VERSION, NS, KEY, len(bomb), 1, checksum, 100, 0], bomb)
+    blob = _forge([FORMAT_VERSION, NS, KEY, len(bomb), 1, checksum, 100, 0, b"", b"", b""], bomb)
     with pytest.raises(CorruptBlockError, match="frame size"):
         decode(blob, 100)
 

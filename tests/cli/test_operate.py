@@ -48,7 +48,8 @@ def payloads(ns: kvtier.Namespace) -> dict[bytes, bytes]:
 
 def stored_size(ns: kvtier.Namespace, key: bytes, payload: bytes, codec: str) -> int:
     width = ns.shuffle_width() if codec == "zstd" else 0
-    return len(framing.encode(ns.fingerprint, key, payload, Codec(codec, 1, width)))
+    codec_of = Codec(codec, 1, width, ns.tenant.encode())  # the header names the tenant
+    return len(framing.encode(ns.fingerprint, key, payload, codec_of))
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ TIER_ERRORS = [
      "package: pip install kvtier-lmdb"),
     ("capacity: 500GiB", "capcity: 500GiB", 9, "chain[1].capcity",
      "unknown key 'capcity'; did you mean 'capacity'? Accepted for backend 'fs': admit, "
-     "admit_sample, backend, capacity, codec, headers, name, paths, pin, promote, "
+     "admit_sample, backend, capacity, codec, encrypt, headers, name, paths, pin, promote, "
      "ratio, required, retries, sync, timeout, token, url, verify, workers, write"),
     ("capacity: 500GiB", "capacity: 5 bananas", 9, "chain[1].capacity",
      "expected a size such as 8GiB, 500MB or 4096 (bytes), got '5 bananas'"),

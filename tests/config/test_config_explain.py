@@ -87,7 +87,7 @@ def test_each_source_value_and_line(rows: tuple[str, list[Setting]]) -> None:
 def test_every_setting_of_every_tier_is_listed(rows: tuple[str, list[Setting]]) -> None:
     _, settings = rows
     tier_keys = ["name", "backend", "codec", "write", "promote", "verify", "workers", "admit",
-                 "admit_sample", "required"]
+                 "admit_sample", "required", "encrypt"]
     assert [r.key for r in settings if r.tier == "ram"] == [*tier_keys, *FakeHost.OPTIONS]
     assert [r.key for r in settings if r.tier == "nvme"] == [*tier_keys, *FakeFs.OPTIONS]
     chain = {r.key for r in settings if r.tier == "(chain)"}

@@ -1,0 +1,102 @@
+"""Tenants of one tier chain: a chain per tenant, from one configuration.
+
+A tenant is part of a block's namespace (:class:`~kvtier.block.Namespace`),
+so each tenant's blocks live in a namespace of their own at every tier, and
+a key of one tenant never names a block of another.  :class:`Tenants` opens
+the chain of each tenant on its first use and keeps it; every call on that
+chain is the tenant's, so the batch API is unchanged (docs/tenants.md)::
+
+    tenants = open_tenants("chain.yaml", {"model": "llama"}, shared={"public"})
+    tenants.chain("acme").put(keys, blocks)
+    tenants.chain(None).get(keys, out)   # the default tenant
+    tenants.close()
+
+Each tenant's chain opens its own backend instances over the same
+configuration (the same fs root, the same bucket): what they hold is apart,
+their capacity is not yet (quotas: docs/tenants.md, still to come).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from kvtier.block.namespace import Namespace
+from kvtier.chain.chain import Chain
+from kvtier.config.chain_config import ChainConfig, load_config
+from kvtier.plugins.registry import BackendRegistry
+from kvtier.spec import ClosedError
+
+__all__ = ["Tenants", "open_tenants"]
+
+
+class Tenants:
+    """The chains of a pool's tenants, opened on first use.  Thread-safe."""
+
+    def __init__(
+        self,
+        config: ChainConfig,
+        namespace: Namespace,
+        *,
+        shared: Collection[str] = (),
+        registry: BackendRegistry | None = None,
+        **options: Any,
+    ) -> None:
+        self.config, self.namespace = config, namespace
+        #: Tenants declared shared: they map to the default tenant's namespace.
+        self.shared = frozenset(shared)
+        self._registry, self._options = registry, options
+        self._chains: dict[str, Chain] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def chain(self, tenant: str | None) -> Chain:
+        """The chain of ``tenant`` (``None``: the default tenant), opened on first use."""
+        namespace = self.namespace.for_tenant(tenant, self.shared)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("tenants are closed")
+            chain = self._chains.get(namespace.tenant)
+            if chain is None:
+                chain = Chain(self.config, namespace, self._registry, **self._options)
+                self._chains[namespace.tenant] = chain
+            return chain
+
+    def opened(self) -> list[str]:
+        """The tenants whose chains are open."""
+        with self._lock:
+            return sorted(self._chains)
+
+    def close(self) -> None:
+        """Close every tenant's chain.  Idempotent."""
+        with self._lock:
+            self._closed = True
+            chains, self._chains = list(self._chains.values()), {}
+        for chain in chains:
+            chain.close()
+
+    def __enter__(self) -> Tenants:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_tenants(
+    config: str | os.PathLike[str] | Mapping[str, Any] | ChainConfig,
+    namespace: Namespace | str | Mapping[str, Any],
+    *,
+    shared: Collection[str] = (),
+    registry: BackendRegistry | None = None,
+    **options: Any,
+) -> Tenants:
+    """:class:`Tenants` over the chain ``config`` describes, as :func:`~kvtier.open_chain` takes it.
+
+    ``namespace`` is the model's (its tenant is ignored: each chain has its
+    own); ``shared`` names tenants whose blocks are everyone's.
+    """
+    if not isinstance(config, ChainConfig):
+        config = load_config(config, registry=registry)
+    return Tenants(config, Namespace.of(namespace), shared=shared, registry=registry, **options)
