@@ -7,10 +7,11 @@ bytes and is enforced before an insert, under the one lock, so nobody (stats
 included) ever sees it exceeded.  ``get``, ``get_into`` and a ``put`` of a key
 already stored are uses; ``lookup`` is not (the chain probes tiers with it).
 
-``eviction`` picks the policy object that decides what to drop, from
-:mod:`kvtier.backends.eviction`: ``lru``, ``arc`` (scan-resistant) or
-``s3fifo`` (frequency-aware).  An explicit ``kvtier_evict`` is the caller's
-choice, not the policy's.
+``eviction`` picks the policy that decides what to drop, any of
+:mod:`kvtier.policies` (:data:`POLICIES`): ``lru``, ``arc`` (scan-resistant),
+``s3fifo`` (frequency-aware) or ``adaptive``.  The policy orders keys and
+counts bytes; the blocks themselves are in the tier's own dict.  An explicit
+``kvtier_evict`` is the caller's choice, not the policy's.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from kvtier.block.buffers import joined, nbytes, own, parts_nbytes, scatter
+from kvtier.policies import NAMES, Policy, new_policy
+from kvtier.policies.sizing import SIZING_OPTION, Sizer
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
-from .eviction import EVICTION_POLICIES, Policy, new_policy
-from .sizing import SIZING_OPTION, Sizer
+__all__ = ["POLICIES", "HostBackend"]
 
-__all__ = ["EVICTION_POLICIES", "HostBackend", "new_policy"]
+#: The eviction policies the host tier offers: every one.
+POLICIES = NAMES
 
 
 def _positive(size: int) -> None:
@@ -43,7 +46,7 @@ _OPTIONS: Mapping[str, Option] = {
     "eviction": Option("str", "Which block to drop when full: lru, arc (resists one-off "
                        "scans), s3fifo (frequency-aware: one-hit blocks leave first), or "
                        "adaptive (follows whichever of the three hits most lately).",
-                       default="lru", choices=EVICTION_POLICIES),
+                       default="lru", choices=POLICIES),
     "max_block_size": Option("size", "Refuse larger blocks (default: only the capacity limits).",
                              default=None, check=_positive),
     "prefault": Option("size", "Bytes of process memory touched at open, so that the first "
@@ -137,6 +140,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         super().__init__()
         self._lock = threading.Lock()
         self._policy: Policy | None = None
+        self._blocks: dict[bytes, bytes] = {}  # the policy's keys, with their bytes
         self._eviction = "lru"
         self._max_block_size: int | None = None
         self._limit = 0  # largest block admitted: min(capacity, max_block_size)
@@ -152,6 +156,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         eviction: str = options["eviction"]
         with self._lock:
             self._policy = new_policy(eviction, capacity)
+            self._blocks = {}
             sample: float = options["sizing_sample"]
             self._sizer = Sizer(eviction, capacity, sample) if sample > 0 else None
             _tune_malloc(capacity)
@@ -182,13 +187,14 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
                 "blocks": len(policy),
                 "capacity_bytes": policy.capacity,
                 "evictions": policy.evictions,
-                **policy.extra_stats(),
+                **policy.stats(),
                 **(self._sizer.stats() if self._sizer is not None else {}),
             }
 
     def _close(self) -> None:
         with self._lock:
             self._policy = None
+            self._blocks = {}
 
     # data path -------------------------------------------------------------
     def _put(
@@ -203,19 +209,19 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
 
     def _get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         with self._lock:
-            access = self._live().access
+            access, blocks = self._live().access, self._blocks
             if self._sizer is not None:
                 self._sizer.got(keys)
-            return [access(key) for key in keys]
+            return [blocks[key] if access(key) else None for key in keys]
 
     def _get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> list[int | None]:
         with self._lock:
-            access = self._live().access
+            access, blocks = self._live().access, self._blocks
             if self._sizer is not None:
                 self._sizer.got(keys)
-            found = [access(key) for key in keys]
+            found = [blocks[key] if access(key) else None for key in keys]
         # Stored bytes are never mutated, so copying outside the lock is safe
         # even if another thread evicts them meanwhile.
         sizes: list[int | None] = []
@@ -234,20 +240,27 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
 
     def _evict(self, keys: Sequence[bytes]) -> list[bool]:
         with self._lock:
-            remove = self._live().remove
-            return [remove(key) is not None for key in keys]
+            remove, blocks = self._live().remove, self._blocks
+            removed = [remove(key) for key in keys]
+            for key, gone in zip(keys, removed, strict=True):
+                if gone:
+                    del blocks[key]
+            return removed
 
     def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         with self._lock:
-            policy = self._live()
-            old = policy.peek(key)
+            policy, blocks = self._live(), self._blocks
+            old = blocks.get(key)
             if old is None:
                 return False
             # Recency is left alone, but the byte count follows the new length
             # so the capacity still holds; a grown block may push others out,
             # and they are dropped unreported as there is no caller to take them.
-            policy.rewrite(key, bytes(transform(old)))
-            policy.shed([])
+            new = bytes(transform(old))
+            blocks[key] = new
+            policy.resize(key, len(new))
+            for gone in policy.shed():
+                del blocks[gone]
             return True
 
     def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
@@ -255,7 +268,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         # lock once (a dict walk, no block bytes); batches are cut from that copy.
         own_ns = self.namespace
         with self._lock:
-            held = self._live().sizes() if namespace in (None, own_ns) else []
+            held = self._live().held() if namespace in (None, own_ns) else []
         return iter([
             [ScanEntry(own_ns, key, size) for key, size in held[start : start + _SCAN_BATCH]]
             for start in range(0, len(held), _SCAN_BATCH)
@@ -280,17 +293,19 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
         stored: list[bool] = []
         sizes = [size_of(block) for block in blocks]
         with self._lock:
-            policy = self._live()
+            policy, held = self._live(), self._blocks
             limit = self._limit
             for key, block, size in zip(keys, blocks, sizes, strict=True):
-                if policy.access(key) is not None:
+                if policy.access(key):
                     stored.append(True)  # immutable per key: keep what is there
                 elif size > limit:
                     stored.append(False)
                 else:
                     # Copied under the lock so a key already stored costs no copy;
                     # the GIL would serialise the memcpy anyway.
-                    policy.admit(key, to_bytes(block), evicted)
+                    for gone in policy.admit(key, size):
+                        evicted.append((gone, held.pop(gone)))
+                    held[key] = to_bytes(block)
                     stored.append(True)
             if self._sizer is not None:
                 self._sizer.stored(keys, sizes, limit)

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 import kvtier
-from kvtier.backends.sizing import Sizing
+from kvtier.policies.sizing import Sizing
 
 TIERS = {
     "host": "    backend: host\n    capacity: 1GiB\n",

@@ -26,11 +26,10 @@ picks the store a URL gets, :mod:`.faults` tells a block's fault from the
 tier's, :mod:`.scan` lists the blocks for ``kvtier_scan``, and :mod:`.readonly`
 is a root opened to be read, writing nothing.  A batch is spread over the I/O
 threads by :func:`kvtier.spec.run_batch`.  Online sizing
-(:mod:`kvtier.backends.sizing`) sees this process's gets and puts: under a
+(:mod:`kvtier.policies.sizing`) sees this process's gets and puts: under a
 shared pool, each process estimates from its own traffic.
 
-May import :mod:`kvtier.backends.eviction`,
-:mod:`kvtier.backends.sizing`, :mod:`kvtier.block`, :mod:`kvtier.config`,
+May import :mod:`kvtier.policies`, :mod:`kvtier.block`, :mod:`kvtier.config`,
 :mod:`kvtier.plugins` and :mod:`kvtier.spec`.
 """
 
@@ -44,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
 from kvtier.block.buffers import joined, nbytes
+from kvtier.policies.sizing import Sizing
 from kvtier.spec import (
     BackendError,
     BytesLike,
@@ -57,7 +57,6 @@ from kvtier.spec import (
 )
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
-from ..sizing import Sizing
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
 from .faults import BlockFaults

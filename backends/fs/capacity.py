@@ -3,11 +3,10 @@
 :class:`Ledger` keeps the index (key -> stored size, least recently used
 first), the bytes it adds up to, the room reserved for writes in flight and
 the keys whose files are being deleted.  With ``eviction: s3fifo`` an
-:class:`~kvtier.backends.eviction.S3Fifo` accounting object, fed size-only
-stand-ins (``stand_in``), holds the order instead and names the victims.  It
-does no I/O: the backend (:mod:`kvtier.backends.fs`) calls it with its lock
-held, which is never held during I/O, and does the reads, writes and deletes
-it decides.
+:class:`~kvtier.policies.S3Fifo` policy, fed keys and sizes, holds the order
+instead and names the victims.  It does no I/O: the backend
+(:mod:`kvtier.backends.fs`) calls it with its lock held, which is never held
+during I/O, and does the reads, writes and deletes it decides.
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from kvtier.policies import S3Fifo
 from kvtier.spec import first_positions
-from kvtier.spec.base import Evicted
-
-from ..eviction import S3Fifo, stand_in
 
 __all__ = ["Ledger", "Victim"]
 
@@ -98,7 +95,7 @@ class Ledger:
         :meth:`plan`, and a block found on disk over the capacity is evicted by the
         next put, as under LRU."""
         assert self.policy is not None
-        self.policy.enter(key, stand_in(size))
+        self.policy.enter(key, size)
 
     def _drop(self, key: bytes) -> None:
         size = self.index.pop(key, None)
@@ -268,7 +265,5 @@ class Ledger:
         the policy evicts."""
         if self.policy is None:
             return self.index.popitem(last=False)
-        out: Evicted = []
-        self.policy.make_room(1, out)  # one block evicted, after the moves it makes
-        key = out[0][0]
+        key = self.policy.make_room(1)[0]  # one block evicted, after the moves it makes
         return key, self.index.pop(key)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kvtier.policies.sizing import SIZING_OPTION
 from kvtier.spec import Option
 
-from ..sizing import SIZING_OPTION
 from .open import check_url
 from .pool import POOL_OPTIONS
+from .pool_policy import POLICIES
 
 __all__ = ["OPTIONS"]
 
@@ -44,7 +45,7 @@ OPTIONS: Mapping[str, Option] = {
         "so a scan does not flush the reused ones); every process on a pooled root "
         "must name the same",
         default="lru",
-        choices=("lru", "s3fifo"),
+        choices=POLICIES,
     ),
     "create": Option(
         "bool",

@@ -3,7 +3,7 @@
 :class:`~kvtier.backends.fs.pool.SharedPool` asks its policy, inside the
 evictor's transaction, which blocks to mark ``D``, and hands it the uses and
 the rows of new blocks.  ``lru`` orders the rows by ``used`` (the last use,
-in ns).  ``s3fifo`` is :class:`kvtier.backends.eviction.S3Fifo` written in SQL
+in ns).  ``s3fifo`` is :class:`kvtier.policies.S3Fifo` written in SQL
 on the same rows, with the same decisions for the same admits and uses:
 
 - ``queue`` (0: the small queue S, 1: the main queue M), ``freq`` (uses, at
@@ -38,16 +38,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.block.namespace import Namespace
+from kvtier.policies import S3Fifo, supported
 from kvtier.spec import ConfigError
 
-from ..eviction import S3Fifo
 from .sharing import alive
 
 log = logging.getLogger("kvtier.backends.fs")
 
 __all__ = ["POLICIES", "PoolPolicy", "prepare"]
 
-POLICIES = ("lru", "s3fifo")
+#: The fs tier's eviction policies (its one declaration): those written in SQL here.
+POLICIES = supported("lru", "s3fifo")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks(
     ns TEXT NOT NULL, key BLOB NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL,

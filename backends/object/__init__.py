@@ -25,15 +25,15 @@ LIST, every ``scan_interval``: ``capacity`` bounds the whole namespace after
 each pass, and between passes it can be exceeded by what the other writers
 stored since their last one: N writers hold at most N x (capacity + 2
 batches in flight), docs/shared-capacity.md.  With ``capacity``, online sizing
-(:mod:`kvtier.backends.sizing`) estimates the hit ratio at other capacities
+(:mod:`kvtier.policies.sizing`) estimates the hit ratio at other capacities
 from this instance's gets and puts, with the policy in use: FIFO (the
 oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index.
 
-May import :mod:`kvtier.block.buffers`, :mod:`kvtier.backends.eviction`,
-:mod:`kvtier.backends.sizing` and :mod:`kvtier.spec`.
+May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
+:mod:`kvtier.spec`.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from obstore.exceptions import AlreadyExistsError, NotSupportedError, Preconditi
 from obstore.store import S3Store
 
 from kvtier.block.buffers import nbytes
+from kvtier.policies.sizing import SIZING_OPTION, Sizing
 from kvtier.spec import (
     BytesLike,
     Capabilities,
@@ -66,7 +67,6 @@ from kvtier.spec import (
 )
 from kvtier.spec.base import Evicted, Scan, Tamper
 
-from ..sizing import SIZING_OPTION, Sizing
 from .faults import Bucket, first_line
 from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex
 

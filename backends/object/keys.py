@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
-from ..eviction import S3Fifo, stand_in
+from kvtier.policies import S3Fifo, supported
 
 __all__ = ["CACHE_MAX", "INDEXES", "Index", "KeyIndex", "PresenceCache", "S3FifoIndex"]
 
@@ -118,8 +118,8 @@ class KeyIndex:
 
 
 class S3FifoIndex:
-    """The stored keys in an :class:`~kvtier.backends.eviction.S3Fifo` of ``capacity``
-    bytes, fed size-only stand-ins (as ``kvtier plan`` replays), so its victims are the
+    """The stored keys in an :class:`~kvtier.policies.S3Fifo` of ``capacity``
+    bytes, fed keys and sizes (as ``kvtier plan`` replays), so its victims are the
     policy's own.
 
     An object store cannot reorder objects: the queues, counts and ghosts live
@@ -135,7 +135,7 @@ class S3FifoIndex:
         self.capacity = capacity
         self._policy = S3Fifo(capacity)
         self._mtimes: dict[bytes, float] = {}  # the keys held, with their last-modified epoch
-        self._victims: list[tuple[bytes, Any]] = []  # evicted, not yet handed over by trim
+        self._victims: list[bytes] = []  # evicted, not yet handed over by trim
 
     @property
     def used(self) -> int:
@@ -161,7 +161,7 @@ class S3FifoIndex:
     def _enter(self, key: bytes, size: int, mtime: float) -> None:
         # no room made first: the LIST says the object is there, and trim decides
         # what leaves, as after a put
-        self._policy.enter(key, stand_in(size))
+        self._policy.enter(key, size)
         self._mtimes[key] = mtime
 
     def __len__(self) -> int:
@@ -175,11 +175,10 @@ class S3FifoIndex:
         if key in self._mtimes:
             self._policy.access(key)
             return
-        victims = self._victims
-        first = len(victims)
-        self._policy.admit(key, stand_in(size), victims)
-        for gone, _ in victims[first:]:
+        victims = self._policy.admit(key, size)
+        for gone in victims:
             del self._mtimes[gone]
+        self._victims.extend(victims)
         self._mtimes[key] = mtime
 
     def access(self, key: bytes) -> None:
@@ -193,16 +192,14 @@ class S3FifoIndex:
 
     def trim(self) -> list[bytes]:
         """Evict until ``used`` <= ``capacity``; the keys evicted since the last trim."""
-        victims = self._victims
-        first = len(victims)
-        self._policy.shed(victims)
-        for gone, _ in victims[first:]:
+        for gone in self._policy.shed():
             del self._mtimes[gone]
-        dropped = [key for key, _ in victims]
-        victims.clear()
+            self._victims.append(gone)
+        dropped, self._victims = self._victims, []
         return dropped
 
 
 Index: TypeAlias = "KeyIndex | S3FifoIndex"
-#: The capacity's index of each ``eviction`` option.
-INDEXES = ("fifo", "s3fifo")
+#: The capacity's index of each ``eviction`` option: the order written (``fifo``, no
+#: policy: an object store cannot reorder its objects), or a policy of the registry.
+INDEXES = ("fifo", *supported("s3fifo"))

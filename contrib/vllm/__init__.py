@@ -33,7 +33,7 @@ Importing this package does not import vLLM; the tier and spec classes load
 vLLM when first used.  All vLLM-version specifics live in
 :mod:`kvtier.contrib.vllm._compat`.
 
-May import :mod:`kvtier.backends.eviction` (vLLM's CPU tier runs kvtier's
+May import :mod:`kvtier.policies` (vLLM's CPU tier runs kvtier's
 policies), :mod:`kvtier.block`, :mod:`kvtier.chain`, :mod:`kvtier.config` and
 :mod:`kvtier.spec`.
 """

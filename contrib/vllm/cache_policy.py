@@ -9,7 +9,7 @@ out-of-tree policy by class name and module::
 and a kvtier YAML whose leading ``host`` tier says ``eviction: s3fifo`` (or
 ``adaptive``) sets both (:func:`kvtier.contrib.vllm.args.primary_settings`).
 Each class wraps the very object the host tier runs
-(:func:`kvtier.backends.eviction.new_policy`): the decisions are kvtier's,
+(:func:`kvtier.policies.new_policy`): the decisions are kvtier's,
 vLLM keeps the chunks.  vLLM's chunks are all one size, so every block
 weighs one unit and the policy's capacity is vLLM's ``cache_capacity`` in
 chunks.
@@ -58,8 +58,7 @@ from vllm.v1.kv_offload.cpu.policies.base import (
     order_request_keys,
 )
 
-from kvtier.backends.eviction import Policy, new_policy
-from kvtier.spec.base import Evicted
+from kvtier.policies import Policy, new_policy
 
 __all__ = [
     "POLICY_CLASSES",
@@ -72,7 +71,7 @@ __all__ = [
 ]
 
 #: Every chunk weighs one unit in the policy: vLLM's chunks are one size.
-_UNIT = b"\x00"
+_UNIT = 1
 
 _live: weakref.WeakSet[KvtierCachePolicy] = weakref.WeakSet()
 
@@ -158,19 +157,17 @@ class KvtierCachePolicy(CachePolicy):  # type: ignore[misc, unused-ignore]
             if key in evictable and key not in protected:
                 del self._outside[key]
                 victims.append(key)
-        dropped: Evicted = []
         while len(victims) < n:  # free >= n: the policy reaches enough evictable chunks
-            self._policy.make_room(len(_UNIT), dropped)
+            dropped = self._policy.make_room(_UNIT)
             if not dropped:
                 raise RuntimeError("vLLM's evictable chunks and the policy's disagree")
-            for dropped_key, _ in dropped:
+            for dropped_key in dropped:
                 key = OffloadKey(dropped_key)
                 if key in evictable and key not in protected:
                     victims.append(key)
                 else:
                     self._outside[key] = None
                     self.deferred += 1
-            dropped.clear()
         out: list[tuple[OffloadKey, ChunkStatus]] = []
         for key in victims:
             evictable.discard(key)
@@ -203,18 +200,18 @@ class KvtierCachePolicy(CachePolicy):  # type: ignore[misc, unused-ignore]
             "inserts": self.inserts,
             "evictions": self.evictions,
             "deferred": self.deferred,
-            **self._policy.extra_stats(),
+            **self._policy.stats(),
         }
 
     # --- the policy -----------------------------------------------------------
 
     def _admit(self, key: OffloadKey) -> None:
         # a miss, then a store, as the host tier sees a get and a put: the
-        # miss is a reference for adaptive's miniatures (None for the others)
+        # miss is a reference for adaptive's miniatures (False for the others)
         self._policy.access(key)
-        dropped: Evicted = []
-        self._policy.admit(key, _UNIT, dropped)
-        for victim, _ in dropped:  # not while vLLM frees chunks first; kept if it happens
+        # vLLM frees chunks before it inserts, so nothing is evicted here; if something is,
+        # it stays in vLLM's cache outside the policy
+        for victim in self._policy.admit(key, _UNIT):
             self._outside[OffloadKey(victim)] = None
 
     def _use(self, key: OffloadKey) -> None:

@@ -1,8 +1,9 @@
 """Tier chains: the read walk, promotion, demotion and write policies.
 
 May import :mod:`kvtier.block`, :mod:`kvtier.config`, :mod:`kvtier.plugins`,
-:mod:`kvtier.observe` and :mod:`kvtier.spec`; nothing imports it but the
-surfaces built on a chain (cli, peer server, bench, contrib).
+:mod:`kvtier.observe`, :mod:`kvtier.policies` (the admission sketch) and
+:mod:`kvtier.spec`; nothing imports it but the surfaces built on a chain
+(cli, peer server, bench, contrib).
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from typing import Literal
 
 from kvtier.block import framing
 from kvtier.block.framing import Checked, Codec, Header
-from kvtier.chain.admission import Admission
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
+from kvtier.policies.admission import Admission
 from kvtier.spec import BytesLike
 
 __all__ = ["DEFAULT_BACKLOG_BYTES", "Emit", "Traffic", "Unsaved", "WriteKind"]

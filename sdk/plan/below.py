@@ -2,14 +2,14 @@
 
 Each request makes the calls an engine makes: a lookup of all its blocks,
 a get of the cached prefix, a put of the rest.  Each call is noted in the
-chain's own admission (:class:`kvtier.chain.admission.Admission`: its sketch
+chain's own admission (:class:`kvtier.policies.admission.Admission`: its sketch
 of counts, and its keys' lineages where a sample is asked for).  A prefix block
 found below is read from there and promoted into RAM; blocks RAM evicts go
 below (``write: back``) if admitted, or blocks RAM stores go below at once
 (``write: through``) if admitted.  The tier below evicts with
 ``below_eviction``: ``lru`` (the fs tier's default) or ``s3fifo`` (the fs
 and object tiers' ``eviction: s3fifo``, the same
-:class:`kvtier.backends.eviction.S3Fifo`).  Capacities are in blocks of one
+:class:`kvtier.policies.S3Fifo`).  Capacities are in blocks of one
 size.
 """
 
@@ -18,20 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.backends.eviction import Sized, new_policy
-from kvtier.chain.admission import Admission
+from kvtier.policies import new_policy, supported
+from kvtier.policies.admission import Admission
 
 from .curves import BLOCK_SCALE
 from .trace import Trace
 
 __all__ = ["BELOW_EVICTIONS", "BelowPoint", "replay_below"]
 
-#: The policies of the tiers below RAM: the fs tier's (lru, s3fifo); the object
-#: tier's fifo is not among them.
-BELOW_EVICTIONS = ("lru", "s3fifo")
-
-
-_PAYLOAD = Sized(BLOCK_SCALE)
+#: The policies of the tiers below RAM: the fs tier's (its pool writes these two in
+#: SQL); the object tier's fifo is not among them.
+BELOW_EVICTIONS = supported("lru", "s3fifo")
 
 
 def _key_bytes(key: int) -> bytes:
@@ -81,8 +78,6 @@ def replay_below(
     top: Any = new_policy(eviction, ram * BLOCK_SCALE)
     low: Any = new_policy(below_eviction, below * BLOCK_SCALE)
     admission = Admission([1, admit], [0.0, admit_sample if admit > 1 else 0.0])  # the chain's
-    evicted: list[Any] = []
-    dropped: list[Any] = []  # what the tier below evicts
     read_below: dict[int, bool] = {}  # each block below: read since its write
     from_ram = from_below = written = never_read = 0
 
@@ -91,23 +86,21 @@ def replay_below(
         for key in keys:
             if admit > 1 and not admission.admitted(1, [_key_bytes(key)])[0][0]:
                 continue
-            if low.access(key) is None:  # a key held below keeps its block: no write
-                low.admit(key, _PAYLOAD, dropped)
+            if not low.access(key):  # a key held below keeps its block: no write
+                dropped = low.admit(key, BLOCK_SCALE)  # what the tier below evicts
                 written += 1
                 read_below[key] = False
-                for gone, _ in dropped:
+                for gone in dropped:
                     never_read += not read_below.pop(gone)
-                dropped.clear()
 
     def store(key: int, promoted: bool = False) -> None:
-        if top.access(key) is not None:
+        if top.access(key):
             return
-        top.admit(key, _PAYLOAD, evicted)
+        evicted = top.admit(key, BLOCK_SCALE)
         if write == "through" and not promoted:  # promotions go no further down
             write_below([key])
         elif write == "back" and evicted:
-            write_below([k for k, _ in evicted])
-        evicted.clear()
+            write_below(evicted)
 
     lookup = top.holds if eviction == "adaptive" else None  # adaptive learns where requests begin
     for request in trace.requests:
@@ -118,9 +111,9 @@ def replay_below(
             lookup(keys)
         prefix = 0
         for key in keys:
-            if top.access(key) is not None:
+            if top.access(key):
                 from_ram += 1
-            elif low.access(key) is not None:
+            elif low.access(key):
                 from_below += 1
                 read_below[key] = True
                 store(key, promoted=True)

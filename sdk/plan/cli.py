@@ -11,9 +11,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kvtier.backends.eviction import EVICTION_POLICIES
-from kvtier.chain.admission import sample_problem
+from kvtier.config.chain_config import sample_problem
 from kvtier.console import console
+from kvtier.policies import NAMES as EVICTION_POLICIES
 
 from .below import BELOW_EVICTIONS, BelowPoint, replay_below
 from .chart import write_chart

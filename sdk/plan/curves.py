@@ -15,7 +15,7 @@ request's prefix at C is its leading references whose running maximum
 distance is at most C.
 
 Other policies are replayed at each capacity through
-:func:`kvtier.backends.eviction.new_policy`, the objects the host tier evicts
+:func:`kvtier.policies.new_policy`, the objects the host tier evicts
 with, with payloads that hold no bytes and weigh :data:`BLOCK_SCALE` each.
 
 Belady's bound is the offline optimum of block hits (MIN with bypass: on a
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.backends.eviction import Sized, new_policy
+from kvtier.policies import new_policy
 
 from .trace import Trace
 
@@ -46,10 +46,6 @@ INFINITE = -1
 #: of byte counts; at a megabyte a block they round as finely as the tier's
 #: do with real KV blocks, where one-byte blocks would round ``p`` coarsely.
 BLOCK_SCALE = 1 << 20
-
-
-#: The payload every replayed block stores: its length is all a policy reads.
-_PAYLOAD = Sized(BLOCK_SCALE)
 
 
 @dataclass(frozen=True)
@@ -167,10 +163,9 @@ def infinite_point(trace: Trace) -> Point:
 
 def replay(trace: Trace, eviction: str, capacity: int) -> Point:
     """Replay ``trace`` through the host tier's ``eviction`` policy at ``capacity`` blocks."""
-    # keys are ints (hashable as bytes are), payloads weigh BLOCK_SCALE bytes each
+    # keys are ints (hashable as bytes are), blocks weigh BLOCK_SCALE bytes each
     policy: Any = new_policy(eviction, capacity * BLOCK_SCALE)
     access, admit = policy.access, policy.admit
-    evicted: list[Any] = []
     prefix = tokens = block_hits = puts = 0
     lookup = policy.holds if eviction == "adaptive" else None  # as an engine asks first
     for request in trace.requests:
@@ -178,16 +173,15 @@ def replay(trace: Trace, eviction: str, capacity: int) -> Point:
         if lookup is not None:
             lookup(request.keys)
         for key, weight in zip(request.keys, request.tokens, strict=True):
-            if access(key) is not None:
+            if access(key):
                 block_hits += 1
                 if leading:
                     prefix += 1
                     tokens += weight
             else:
                 leading = False
-                admit(key, _PAYLOAD, evicted)
+                admit(key, BLOCK_SCALE)
                 puts += 1
-        evicted.clear()
     return Point(capacity, trace.references, prefix, tokens, block_hits, puts, policy.evictions)
 
 

@@ -40,7 +40,7 @@ import zlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from kvtier.backends.eviction import Sized, new_policy
+from kvtier.policies import new_policy
 
 from .below import BELOW_EVICTIONS
 from .curves import BLOCK_SCALE
@@ -50,7 +50,6 @@ __all__ = ["ROUTERS", "EngineServed", "FleetPoint", "replay_fleet", "sticky_engi
 
 ROUTERS = ("round-robin", "sticky", "prefix")
 
-_PAYLOAD = Sized(BLOCK_SCALE)
 _RAM, _LOCAL, _POOL = 0, 1, 2
 
 
@@ -126,14 +125,14 @@ class _Engine:
         self.index = index
         self.tiers = tiers
         self.roles = roles  # _RAM, _LOCAL or _POOL, per tier
-        self.own = [t.peek for t, role in zip(tiers, roles, strict=True) if role != _POOL]
+        self.own = [t.size for t, role in zip(tiers, roles, strict=True) if role != _POOL]
         # requests, references, from ram/local/pool, tokens, written local/pool,
         # never read local/pool
         self.counts = [0] * 10
 
     def holds(self, key: int) -> bool:
         """Whether its own tiers hold ``key`` (not a use: nothing moves)."""
-        return any(peek(key) is not None for peek in self.own)
+        return any(size(key) is not None for size in self.own)
 
 
 def _route(router: str, engines: list[_Engine], r: int, request: Request,
@@ -192,7 +191,7 @@ def replay_fleet(
 
     def gone(tier: Any, victims: list[Any], role: int) -> None:
         held = unread[id(tier)]
-        for victim, _ in victims:
+        for victim in victims:
             writer, read = held.pop(victim)
             if not read:
                 writer.counts[7 + role] += 1  # never read local (8) or pool (9)
@@ -201,17 +200,16 @@ def replay_fleet(
         tiers = engine.tiers
         # ``absent``: the walk just missed it there, and a second miss is a use to
         # ``adaptive``'s miniatures, where plan's replay makes one
-        if not absent and tiers[i].access(key) is not None:
+        if not absent and tiers[i].access(key):
             return
-        victims: list[Any] = []
-        tiers[i].admit(key, _PAYLOAD, victims)
+        victims = tiers[i].admit(key, BLOCK_SCALE)
         if i:
             engine.counts[5 + engine.roles[i]] += 1  # written local (6) or pool (7)
             gone(tiers[i], victims, engine.roles[i])
             unread[id(tiers[i])][key] = (engine, False)
         if i + 1 < len(tiers):
             if back:
-                for victim, _ in victims:
+                for victim in victims:
                     store(engine, i + 1, victim, False)
             elif not promoted:  # promotions go no further down: they came from there
                 store(engine, i + 1, key, False)
@@ -227,7 +225,7 @@ def replay_fleet(
         prefix = 0
         for key, weight in zip(keys, request.tokens, strict=True):
             for i in range(len(tiers)):
-                if tiers[i].access(key) is not None:
+                if tiers[i].access(key):
                     break
             else:
                 break

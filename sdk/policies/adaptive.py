@@ -1,22 +1,20 @@
 """``eviction: adaptive``: follows whichever fixed policy hits most on the recent traffic.
 
-The candidates are :mod:`.fixed_policies`' ``lru``, ``arc`` and ``s3fifo``;
-:func:`kvtier.backends.eviction.new_policy` builds this one for
-``"adaptive"``.  How it chooses, and the figures behind its constants, are
-in :class:`Adaptive` and BENCHMARKS.md ("adaptive beside the best fixed
-policy").
+The candidates are :mod:`.lru`, :mod:`.arc` and :mod:`.s3fifo`.  How it
+chooses, and the figures behind its constants, are in :class:`Adaptive` and
+BENCHMARKS.md ("adaptive beside the best fixed policy").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import ClassVar
 
 import xxhash
 
-from kvtier.spec.base import Evicted
-
-from .fixed_policies import FIXED_POLICIES, Arc, Lru, S3Fifo, Sized
+from .arc import Arc
+from .lru import Lru
+from .s3fifo import S3Fifo
 
 __all__ = ["Adaptive"]
 
@@ -67,8 +65,9 @@ class Adaptive:
     as new, they lost most of what a switch would gain.
     """
 
-    CANDIDATES = ("lru", "arc", "s3fifo")
-    FIRST = "s3fifo"
+    name = "adaptive"
+    CANDIDATES: ClassVar[tuple[type[Lru | Arc | S3Fifo], ...]] = (Lru, Arc, S3Fifo)
+    FIRST = S3Fifo
     SAMPLE = 0.01
     #: Blocks a miniature holds at least (of the first block's size): the sample is raised to it.
     MIN_BLOCKS = 256
@@ -81,17 +80,16 @@ class Adaptive:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.leader = self.CANDIDATES.index(self.FIRST)
-        self._policy: Lru | Arc | S3Fifo = FIXED_POLICIES[self.FIRST](capacity)
+        self._policy: Lru | Arc | S3Fifo = self.FIRST(capacity)
         self._earlier_evictions = 0
         self._limit = 0
-        self._minis: list[Any] = []
+        self._minis: list[Lru | Arc | S3Fifo] = []
         n = len(self.CANDIDATES)
         self._scores = [0.0] * n
         self._apart = [[0.0] * n for _ in range(n)]  # [i][j]: uses i hit and j missed
         self._uses = 0
         self.switches = 0
-        self._sink: list[Any] = []
-        self._reused: dict[Any, int] = {}  # uses of blocks held since their admit, up to 3
+        self._reused: dict[bytes, int] = {}  # uses of blocks held since their admit, up to 3
         # per miniature, whether it held every key of the current request so far; None until
         # a lookup marks a request's start where the miniatures see every key
         self._leading: list[bool] | None = None
@@ -107,71 +105,76 @@ class Adaptive:
     def __len__(self) -> int:
         return len(self._policy)
 
-    def peek(self, key: bytes) -> bytes | None:
-        return self._policy.peek(key)
+    def size(self, key: bytes) -> int | None:
+        return self._policy.size(key)
 
-    def sizes(self) -> list[tuple[bytes, int]]:
-        return self._policy.sizes()
+    def held(self) -> list[tuple[bytes, int]]:
+        return self._policy.held()
 
     def holds(self, keys: Sequence[bytes]) -> list[bool]:
         if self._limit >= _EVERY_KEY:  # a lookup begins a request: score its prefix
             self._leading = [True] * len(self.CANDIDATES)
         return self._policy.holds(keys)
 
-    def remove(self, key: bytes) -> bytes | None:
+    def remove(self, key: bytes) -> bool:
         self._reused.pop(key, None)
         return self._policy.remove(key)
 
-    def rewrite(self, key: bytes, data: bytes) -> None:
-        self._policy.rewrite(key, data)
+    def resize(self, key: bytes, size: int) -> None:
+        self._policy.resize(key, size)
 
-    def shed(self, evicted: Evicted) -> None:
-        self._policy.shed(evicted)
+    def enter(self, key: bytes, size: int) -> None:
+        self._reused.pop(key, None)
+        self._policy.enter(key, size)
 
-    def make_room(self, nbytes: int, evicted: Evicted) -> None:
-        self._policy.make_room(nbytes, evicted)
+    def shed(self) -> list[bytes]:
+        return self._forget(self._policy.shed())
 
-    def extra_stats(self) -> dict[str, int]:
+    def make_room(self, nbytes: int) -> list[bytes]:
+        return self._forget(self._policy.make_room(nbytes))
+
+    def stats(self) -> dict[str, int]:
         return {"adaptive_leader": self.leader, "adaptive_switches": self.switches}
 
-    def access(self, key: bytes) -> bytes | None:
+    def access(self, key: bytes) -> bool:
         if self._minis and _hash64(key) < self._limit:
             self._sampled_use(key)
-        data = self._policy.access(key)
-        if data is not None:
-            reused = self._reused
-            uses = reused.get(key, 0)
-            if uses < self.MAX_USES:
-                reused[key] = uses + 1
-        return data
+        if not self._policy.access(key):
+            return False
+        reused = self._reused
+        uses = reused.get(key, 0)
+        if uses < self.MAX_USES:
+            reused[key] = uses + 1
+        return True
 
-    def admit(self, key: bytes, data: bytes, evicted: Evicted) -> None:
+    def admit(self, key: bytes, size: int) -> list[bytes]:
         if not self._minis:
-            sample = min(1.0, max(self.SAMPLE, self.MIN_BLOCKS * max(len(data), 1) / self.capacity))
+            sample = min(1.0, max(self.SAMPLE, self.MIN_BLOCKS * max(size, 1) / self.capacity))
             self._limit = int(sample * (1 << 64))
-            size = max(1, int(self.capacity * sample))
-            self._minis = [FIXED_POLICIES[name](size) for name in self.CANDIDATES]
-        sink = self._sink
+            mini_capacity = max(1, int(self.capacity * sample))
+            self._minis = [policy(mini_capacity) for policy in self.CANDIDATES]
         if _hash64(key) < self._limit:
             for mini in self._minis:
-                if mini.access(key) is None and len(data) <= mini.capacity:
-                    mini.admit(key, Sized(len(data)), sink)
-                    sink.clear()
+                if not mini.access(key) and size <= mini.capacity:
+                    mini.admit(key, size)
+        self._reused.pop(key, None)  # a block admitted anew has not been used again yet
+        victims = self._forget(self._policy.admit(key, size))
         reused = self._reused
-        reused.pop(key, None)  # a block admitted anew has not been used again yet
-        self._policy.admit(key, data, sink)
-        if sink:
-            for gone, _ in sink:
-                reused.pop(gone, None)
-            evicted.extend(sink)
-            sink.clear()
-        if len(reused) > 2 * len(self._policy):  # left over by shed, make_room
+        if len(reused) > 2 * len(self._policy):  # left over by a policy's own removals
             held = self._policy.holds(list(reused))
             self._reused = {k: n for (k, n), keep in zip(reused.items(), held, strict=True)
                             if keep}
+        return victims
+
+    def _forget(self, victims: list[bytes]) -> list[bytes]:
+        """Drop the use counts of ``victims``, which left."""
+        reused = self._reused
+        for gone in victims:
+            reused.pop(gone, None)
+        return victims
 
     def _sampled_use(self, key: bytes) -> None:
-        hit = [mini.access(key) is not None for mini in self._minis]
+        hit = [mini.access(key) for mini in self._minis]
         leading = self._leading
         if leading is not None:  # a hit after the miniature's first miss is no prefix hit
             hit = [one and lead for one, lead in zip(hit, leading, strict=True)]
@@ -200,10 +203,10 @@ class Adaptive:
             self._uses = 0
 
     def _switch(self, to: int) -> None:
-        successor = FIXED_POLICIES[self.CANDIDATES[to]](self.capacity)
+        successor = self.CANDIDATES[to](self.capacity)
         reused = self._reused
-        for key, data in self._policy.items():
-            successor.admit(key, data, [])  # the same bytes fit the same capacity
+        for key, size in self._policy.held():
+            successor.admit(key, size)  # the same bytes fit the same capacity
             for _ in range(reused.get(key, 0)):  # at the newest end: the order holds
                 successor.access(key)
         self._earlier_evictions += self._policy.evictions

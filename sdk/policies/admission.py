@@ -21,6 +21,11 @@ share ``F`` of prompt lineages (:class:`Lineage`).  Sampling whole lineages
 rather than blocks matters: a prompt's cached prefix ends at its first
 missing block, so a refused block in the middle of a kept conversation would
 waste every block kept after it.
+
+The chain holds one :class:`Admission` (:mod:`kvtier.chain.traffic`), and
+``kvtier plan`` replays the same (:mod:`kvtier.plan.below`); the options'
+check of ``admit_sample`` against ``admit`` is the configuration's
+(:func:`kvtier.config.chain_config.sample_problem`).
 """
 
 from __future__ import annotations
@@ -32,9 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from kvtier.config.chain_config import sample_problem  # the check of admit_sample against admit
-
-__all__ = ["Admission", "Lineage", "Seen", "sample_problem"]
+__all__ = ["Admission", "Lineage", "Seen"]
 
 _ROWS = 4
 _WIDTH_BITS = 16  # 65,536 counters a row: 256 KiB in all

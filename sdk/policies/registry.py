@@ -1,36 +1,46 @@
-"""Eviction policies of the tiers that evict: every policy's name, and one built by name.
+"""Every eviction policy's name, written once, and one built by name.
 
-The fixed policies (``lru``, ``arc``, ``s3fifo``) are in
-:mod:`kvtier.backends.fixed_policies`, and ``adaptive``, which follows
-whichever of them hits most, in :mod:`kvtier.backends.adaptive`; both are
-re-exported here.  This module sits above the two so that each is imported
-when a module loads, with no cycle between them.
+:data:`NAMES` is the list a tier's ``eviction`` option checks against;
+:func:`supported` is how a backend declares the subset it offers (the fs
+pool writes only ``lru`` and ``s3fifo`` in SQL), so a name misspelt there, or
+a policy renamed here, fails when the backend is imported.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from collections.abc import Callable, Mapping
 
 from .adaptive import Adaptive
-from .fixed_policies import FIXED_POLICIES, Accounting, Arc, Lru, S3Fifo, Sized, stand_in
+from .arc import Arc
+from .base import Policy
+from .lru import Lru
+from .s3fifo import S3Fifo
 
-__all__ = ["EVICTION_POLICIES", "FIXED_POLICIES", "Accounting", "Adaptive", "Arc", "Lru", "Policy",
-           "S3Fifo", "Sized", "new_policy", "stand_in"]
+__all__ = ["NAMES", "POLICIES", "new_policy", "supported"]
 
-EVICTION_POLICIES = ("lru", "arc", "s3fifo", "adaptive")
-
-Policy: TypeAlias = Lru | Arc | S3Fifo | Adaptive
+#: Every policy by its name, in the order they are listed to users.
+POLICIES: Mapping[str, Callable[[int], Policy]] = {
+    policy.name: policy for policy in (Lru, Arc, S3Fifo, Adaptive)
+}
+#: The valid values of a tier's ``eviction`` option.
+NAMES: tuple[str, ...] = tuple(POLICIES)
 
 
 def new_policy(eviction: str, capacity: int) -> Policy:
-    """The accounting object of one ``eviction`` policy, without a backend around it.
+    """A new policy named ``eviction``, of ``capacity`` bytes, holding nothing.
 
-    ``kvtier plan`` replays traces through it on a null data path (payloads
-    that only have a length), so its curves come from the tier's own code.
-    It offers ``holds(keys)``, ``access(key)`` (a use; the payload or None),
-    ``admit(key, data, evicted)`` for a key not held, ``remove(key)``, and
-    ``evictions``; callers serialise their calls.
+    ``kvtier plan`` replays traces through it on a null data path, so its
+    curves come from the tiers' own code.  An unknown name is a ``KeyError``
+    (options check the name against :data:`NAMES` first).
     """
-    if eviction == "adaptive":
-        return Adaptive(capacity)
-    return FIXED_POLICIES[eviction](capacity)
+    return POLICIES[eviction](capacity)
+
+
+def supported(*names: str) -> tuple[str, ...]:
+    """``names``, each checked to be a registered policy: a backend's declaration of
+    the policies it offers (its ``eviction`` option's choices)."""
+    unknown = [name for name in names if name not in POLICIES]
+    if unknown:
+        raise ValueError(f"not eviction policies: {', '.join(unknown)} (known: "
+                         f"{', '.join(NAMES)})")
+    return names

@@ -2,7 +2,7 @@
 
 SHARDS-style (Waldspurger et al., FAST 2015): keys whose xxh3-64 hash falls
 below ``sample`` of the hash space are fed to miniature copies of the tier's
-own eviction policy (:mod:`kvtier.backends.eviction`), each ``sample`` times
+own eviction policy (:mod:`kvtier.policies`), each ``sample`` times
 the size of the tier at ½x, 1x, 2x and 4x its capacity.  They hold key and
 size only, so their memory is about ``sample x 7.5`` times the tier's block
 count in keys.  A hash is the same for every occurrence of a key, so a kept
@@ -35,14 +35,14 @@ has no capacity (it never evicts, so every size hits alike).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import xxhash
 
 from kvtier.spec import Option
 
-from .eviction import Sized, new_policy
+from .base import Policy
+from .registry import new_policy
 
 __all__ = ["MIN_BLOCKS", "MULTIPLIERS", "SIZING_OPTION", "Sizer", "Sizing"]
 
@@ -64,6 +64,11 @@ SIZING_OPTION = Option("float", "Share of keys fed to miniature simulations that
                        "sizing_hit_ratio_*; 0: off).", default=0.01, check=_share)
 
 
+def _peek(policy: Policy) -> Callable[[bytes], bool]:
+    """Whether ``policy`` holds a key, asked without a use."""
+    return lambda key: policy.size(key) is not None
+
+
 class Sizer:
     """Miniature simulations of one tier; callers serialise the calls (the tier's lock)."""
 
@@ -73,11 +78,10 @@ class Sizer:
         self.recency = recency  # False: gets and puts of a key held are no use (FIFO)
         self.by_batch = by_batch  # a put's keys held at its start are found first
         self._limit = 0
-        self._minis: list[Any] = []
+        self._minis: list[Policy] = []
         self._hits = [0] * len(MULTIPLIERS)
         self._gets = 0  # sampled gets
         self._all = 0  # every get since the miniatures started
-        self._sink: list[Any] = []
 
     def _start(self, size: int) -> None:
         """Size the miniatures once the first block's size is known."""
@@ -97,7 +101,7 @@ class Sizer:
             if hash_key(key) < limit:
                 self._gets += 1
                 for i, mini in enumerate(self._minis):
-                    if (mini.access(key) if self.recency else mini.peek(key)) is not None:
+                    if (mini.access(key) if self.recency else mini.size(key) is not None):
                         hits[i] += 1
 
     def stored(self, keys: Sequence[bytes], sizes: Sequence[int], limit: int) -> None:
@@ -105,23 +109,21 @@ class Sizer:
         is a use)."""
         if not self._minis and sizes:
             self._start(sizes[0])
-        hash_key, sampled, sink = xxhash.xxh3_64_intdigest, self._limit, self._sink
+        hash_key, sampled = xxhash.xxh3_64_intdigest, self._limit
         picked = [(key, size) for key, size in zip(keys, sizes, strict=True)
                   if size <= limit and hash_key(key) < sampled]
         if not picked:
             return
         for mini in self._minis:
-            held = mini.access if self.recency else mini.peek
+            held = mini.access if self.recency else _peek(mini)
             if self.by_batch:  # the others enter after, so a key held may leave
-                for key, size in [(k, s) for k, s in picked if held(k) is None]:
+                for key, size in [(k, s) for k, s in picked if not held(k)]:
                     if size <= mini.capacity:
-                        mini.admit(key, Sized(size), sink)
-                        sink.clear()
+                        mini.admit(key, size)
                 continue
             for key, size in picked:
-                if held(key) is None and size <= mini.capacity:
-                    mini.admit(key, Sized(size), sink)
-                    sink.clear()
+                if not held(key) and size <= mini.capacity:
+                    mini.admit(key, size)
 
     def stats(self) -> dict[str, float]:
         """``sizing_hit_ratio_<m>x`` per multiplier, the gets they count and the rate.

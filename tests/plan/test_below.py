@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from kvtier.backends.eviction import S3Fifo, Sized, new_policy
-from kvtier.chain.admission import Seen
 from kvtier.plan import Request, Trace, generate, infinite_point
 from kvtier.plan.below import replay_below
 from kvtier.plan.curves import BLOCK_SCALE
+from kvtier.policies import S3Fifo, new_policy
+from kvtier.policies.admission import Seen
 
 
 def trace_of(*requests: tuple[int, ...]) -> Trace:
@@ -66,9 +66,8 @@ def test_admission_writes_less_below(kind: str) -> None:
 # fed the admits and accesses the chain makes; nothing of replay_below.
 def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
                 admit: int) -> tuple[int, int, int, int]:
-    top = new_policy(ram_policy, ram * BLOCK_SCALE)
-    low = S3Fifo(below * BLOCK_SCALE)
-    block = Sized(BLOCK_SCALE)
+    top: Any = new_policy(ram_policy, ram * BLOCK_SCALE)
+    low: Any = S3Fifo(below * BLOCK_SCALE)
     seen = Seen()
     read: dict[int, bool] = {}  # held below: read since written
     from_ram = from_below = written = never_read = 0
@@ -78,22 +77,20 @@ def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
 
     def down(key: int) -> None:
         nonlocal written, never_read
-        if seen.count(name(key)) >= admit and low.access(key) is None:
-            gone: list[Any] = []
-            low.admit(key, block, gone)
+        if seen.count(name(key)) >= admit and not low.access(key):
+            gone = low.admit(key, BLOCK_SCALE)
             written += 1
             read[key] = False
-            never_read += sum(not read.pop(k) for k, _ in gone)
+            never_read += sum(not read.pop(k) for k in gone)
 
     def put(key: int, promoted: bool) -> None:
-        if top.access(key) is not None:
+        if top.access(key):
             return
-        out: list[Any] = []
-        top.admit(key, block, out)
+        out = top.admit(key, BLOCK_SCALE)
         if write == "through" and not promoted:
             down(key)
         if write == "back":
-            for victim, _ in out:
+            for victim in out:
                 down(victim)
 
     for request in trace.requests:
@@ -101,9 +98,9 @@ def plain_below(trace: Trace, ram_policy: str, ram: int, below: int, write: str,
         seen.note([name(k) for k in keys])
         found = 0
         while found < len(keys):
-            if top.access(keys[found]) is not None:
+            if top.access(keys[found]):
                 from_ram += 1
-            elif low.access(keys[found]) is not None:
+            elif low.access(keys[found]):
                 from_below += 1
                 read[keys[found]] = True
                 put(keys[found], True)

@@ -1,4 +1,5 @@
-"""The host tier's adaptive policy follows the candidate that hits most, and keeps every block."""
+"""The adaptive policy (and the host tier running it) follows the candidate that hits most,
+and keeps every block."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from typing import Any
 import pytest
 from host_blocks import block, k, open_host
 
-from kvtier.backends.adaptive import Adaptive
-from kvtier.backends.eviction import new_policy
 from kvtier.plan import generate, replay
+from kvtier.policies import Adaptive, new_policy
 
 
 def test_it_leaves_lru_on_scans_and_keeps_it_on_sessions() -> None:
@@ -26,38 +26,35 @@ def test_a_switch_hands_every_block_on_in_order() -> None:
     policy: Any = new_policy("adaptive", 64)
     assert isinstance(policy, Adaptive)
     for i in range(64):
-        policy.admit(i, b"x", [])
-    before = [key for key, _ in policy.sizes()]
-    assert policy.CANDIDATES[policy.leader] == "s3fifo"  # the first
+        assert policy.admit(i, 1) == []
+    before = [key for key, _ in policy.held()]
+    assert policy.CANDIDATES[policy.leader].name == "s3fifo"  # the first
     policy._scores = [0.0, 10.0, 0.0]  # arc ahead: the next decision switches to it
     policy._decide()
     assert policy.leader == 1 and policy.switches == 1
-    assert sorted(key for key, _ in policy.sizes()) == sorted(before)
+    assert sorted(key for key, _ in policy.held()) == sorted(before)
     assert policy.used == 64 and policy.holds(before) == [True] * 64
-    evicted: list[Any] = []
-    policy.admit(64, b"x", evicted)  # ARC's first victim is S3-FIFO's next one
-    assert [key for key, _ in evicted] == [before[0]] and policy.evictions == 1
+    evicted = policy.admit(64, 1)  # ARC's first victim is S3-FIFO's next one
+    assert evicted == [before[0]] and policy.evictions == 1
 
 
 def test_a_switch_hands_on_which_blocks_were_used_again() -> None:
     policy: Any = new_policy("adaptive", 4)
     for key in range(4):
-        policy.admit(key, b"x", [])
-    assert policy.access(0) == b"x" and policy.access(1) == b"x"
+        policy.admit(key, 1)
+    assert policy.access(0) and policy.access(1)
     policy._scores = [0.0, 10.0, 0.0]  # arc ahead
     policy._decide()
     assert policy.leader == 1
-    evicted: list[Any] = []
-    for key in (4, 5, 6):
-        policy.admit(key, b"x", evicted)
+    evicted = [gone for key in (4, 5, 6) for gone in policy.admit(key, 1)]
     # 0 and 1 were used again: they reach S3-FIFO's main queue, and new block 4 leaves first
-    assert [key for key, _ in evicted] == [2, 3, 4]
+    assert evicted == [2, 3, 4]
     assert policy.holds([0, 1, 5, 6]) == [True] * 4
 
 
 def test_it_switches_on_hits_beyond_chance_where_the_policies_disagree() -> None:
     policy: Any = new_policy("adaptive", 64)
-    policy.admit(0, b"x", [])
+    policy.admit(0, 1)
     # lru hit 10 more than s3fifo (the first), but they disagreed on 110 uses: within
     # chance (2 sd = 21)
     policy._scores = [110.0, 0.0, 100.0]

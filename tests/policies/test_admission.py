@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from kvtier import Namespace, open_chain
-from kvtier.chain.admission import Lineage, Seen
 from kvtier.config.chain_config import validate_config
+from kvtier.policies.admission import Lineage, Seen
 
 NS = Namespace("admission-test", dtype="bfloat16", tokens_per_block=16)
 SIZE = 4096

@@ -11,10 +11,11 @@ import random
 from collections.abc import Sequence
 
 from kvtier.plugins.registry import BackendHandle, default_registry
+from kvtier.policies import NAMES
 
 NS = "0123456789abcdef0123456789abcdef"
 MiB = 1024 * 1024
-POLICIES = ("lru", "arc", "s3fifo", "adaptive")
+POLICIES = NAMES  # every registered policy: the host tier offers them all
 
 
 def open_host(capacity: int | str, eviction: str = "lru", **extra: object) -> BackendHandle:

@@ -1,6 +1,6 @@
 """The ``fs`` tier's ``eviction: s3fifo``, in the shared pool (SQL) and in the per-process ledger.
 
-Each path is checked against :class:`kvtier.backends.eviction.S3Fifo` fed the
+Each path is checked against :class:`kvtier.policies.S3Fifo` fed the
 same admits and uses: the same victims, in the same order, and the same
 blocks left on disk, read back byte for byte.  Real files and a real
 SQLite index; the second process is a real one.
@@ -20,8 +20,8 @@ import pytest
 from fs_blocks import NS, Opener, as_bytes, blob
 from fs_pool_child import block
 
-from kvtier.backends.eviction import S3Fifo, Sized
 from kvtier.backends.fs.pool import DB_NAME
+from kvtier.policies import S3Fifo
 from kvtier.spec import BytesLike
 from kvtier.testing.capacity import CapacityTests
 
@@ -57,24 +57,23 @@ def test_victims_are_s3fifo_s(local_url: str, opener: Opener, path: str, seed: i
             key = rng.choice(hot) if rng.random() < 0.3 else f"cold-{step}".encode()
             if rng.random() < 0.25 and data:  # a key put before, evicted since
                 key = rng.choice(sorted(data))
-            if model.peek(key) is not None:
+            if model.size(key) is not None:
                 continue  # a put of a key held is no admit: left out
             data.setdefault(key, blob(rng.choice(SIZES), step))
             ghost_hits += key in model._ghosts.keys
-            want: list[tuple[bytes, Any]] = []
-            model.admit(key, Sized(len(data[key])), want)  # type: ignore[arg-type]
+            want = model.admit(key, len(data[key]))
             got: list[tuple[bytes, BytesLike]] = []
             assert tier.put([key], [data[key]], got) == [True]
-            assert [k for k, _ in got] == [k for k, _ in want], f"step {step}"
+            assert [k for k, _ in got] == want, f"step {step}"
             assert all(bytes(v) == data[k] for k, v in got)
             evictions += len(got)
         else:
             key = rng.choice(hot + sorted(data))
-            held = model.access(key) is not None
+            held = model.access(key)
             assert (as_bytes(tier.get([key])[0]) == data.get(key)) if held else \
                 tier.get([key]) == [None], f"step {step}: {key!r}"
     assert evictions > 50 and ghost_hits > 5  # the sequence did exercise S, M and the ghosts
-    held = {key for key, _ in model.sizes()}
+    held = {key for key, _ in model.held()}
     assert on_disk(local_url) == held
     assert all(as_bytes(tier.get([key])[0]) == data[key] for key in sorted(held))
 

@@ -1,6 +1,6 @@
 """The object tier's ``eviction: s3fifo`` against SeaweedFS: the bucket keeps what S3-FIFO keeps.
 
-The model is :class:`kvtier.backends.eviction.S3Fifo` itself (the host tier's
+The model is :class:`kvtier.policies.S3Fifo` itself (the host tier's
 and ``kvtier plan``'s), fed the same admits and uses: the objects left in the
 bucket must be exactly the keys it holds.  The kit's capacity group runs on
 the tier with ``eviction: s3fifo`` as on the default (``test_conformance.py``).
@@ -18,9 +18,9 @@ import pytest
 from seaweed import SeaweedServer
 from sizing_replay import document_batches, replay
 
-from kvtier.backends.eviction import S3Fifo, Sized
 from kvtier.backends.object import ObjectBackend
 from kvtier.plugins.registry import BackendHandle, BackendRegistry
+from kvtier.policies import S3Fifo
 from kvtier.spec import ConfigError
 from kvtier.testing.capacity import CapacityTests
 
@@ -85,7 +85,7 @@ def test_the_bucket_keeps_what_s3fifo_keeps(open_object: Opener, scan_interval: 
     capacity = 12_000
     tier = open_object(capacity=capacity, eviction="s3fifo", scan_interval=scan_interval,
                        lookup_cache_ttl=0, sizing_sample=0)
-    model, sink = S3Fifo(capacity), []
+    model = S3Fifo(capacity)
     fifo: OrderedDict[bytes, int] = OrderedDict()  # what the oldest-first tier would keep
     rng = random.Random(11)
     sizes = {key(i): rng.randrange(500, 1500) for i in range(30)}
@@ -98,25 +98,22 @@ def test_the_bucket_keeps_what_s3fifo_keeps(open_object: Opener, scan_interval: 
             assert tier.put(keys, [block(int.from_bytes(k[:4]), sizes[k]) for k in keys],
                             []) == [True] * len(keys)
             settle(tier)
-            held = [k for k in keys if model.peek(k) is not None]
+            held = [k for k in keys if model.size(k) is not None]
             for k in held:
                 model.access(k)  # a put of a key held is a use
             for k in keys:
                 if k not in held:
-                    model.admit(k, Sized(sizes[k]), sink)
+                    evictions += len(model.admit(k, sizes[k]))
                     fifo[k] = sizes[k]
-            evictions += len(sink)
-            sink.clear()
             while sum(fifo.values()) > capacity:
                 fifo.popitem(last=False)
             continue
         found = tier.get(keys)
         for k, data in zip(keys, found):
-            expected = model.access(k)
-            assert (data is not None) == (expected is not None), (step, k)
+            assert (data is not None) == model.access(k), (step, k)
             if data is not None:
                 assert bytes(data) == block(int.from_bytes(k[:4]), sizes[k])
-    kept = {k for k, _ in model.sizes()}
+    kept = {k for k, _ in model.held()}
     assert evictions > 5 and kept != set(fifo)  # the sequence tells the policies apart
     assert in_bucket(open_object, list(sizes)) == kept
     stats = tier.stats()

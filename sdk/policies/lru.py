@@ -1,0 +1,65 @@
+"""``lru``: the least recently used block leaves first.
+
+The host tier's default, the fs tier's (its own index, and the pool's SQL
+order by last use), and, with uses not counted, the object tier's ``fifo``
+(sizing runs it so, :mod:`.sizing`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from .base import Accounting
+
+__all__ = ["Lru"]
+
+
+class Lru(Accounting):
+    """Keys by last use, least recent first; a use moves a key to the newest end."""
+
+    name = "lru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._sizes: OrderedDict[bytes, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        sizes = self._sizes  # `in` on the dict: no method call per key
+        return [key in sizes for key in keys]
+
+    def size(self, key: bytes) -> int | None:
+        return self._sizes.get(key)
+
+    def held(self) -> list[tuple[bytes, int]]:
+        return list(self._sizes.items())
+
+    def access(self, key: bytes) -> bool:
+        try:
+            self._sizes.move_to_end(key)
+        except KeyError:
+            return False
+        return True
+
+    def enter(self, key: bytes, size: int) -> None:
+        self._sizes[key] = size
+        self.used += size
+
+    def remove(self, key: bytes) -> bool:
+        size = self._sizes.pop(key, None)
+        if size is None:
+            return False
+        self.used -= size
+        return True
+
+    def resize(self, key: bytes, size: int) -> None:
+        self.used += size - self._sizes[key]
+        self._sizes[key] = size
+
+    def _evict_one(self) -> bytes:
+        key, size = self._sizes.popitem(last=False)
+        self.used -= size
+        return key
