@@ -2,7 +2,7 @@
 
     python bench/vllm_ttft.py [--tokens 2048] [--layers 8] [--hidden 1024]
         [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
-        [--warm-cache] [--workdir DIR] [--io-threads 16] [--object]
+        [--warm-cache] [--workdir DIR] [--io-threads 16] [--object] [--torch-copy]
 
 Builds a random Llama (fp32, no tokenizer), then runs every engine in a
 process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -31,6 +31,19 @@ platforms); only the secondary tier differs.  The kvtier fs tier gets
 ``io_threads: 16``, the parallelism of vLLM's fs tier (16 read threads):
 on storage that needs requests in flight to reach its bandwidth, the fs
 backend's default of 4 costs a cold read about 2.5 times as long.
+
+Where a hit's time goes: the engines run with ``KVTIER_PHASES=1``
+(:mod:`kvtier.observe.phases`), and each kvtier hit is cut into phases that
+add up to its TTFT (``bench/ttft_phases.py``: vLLM's lookup and scheduling,
+kvtier's job queue, reads and checks, the CPU worker's copy to the device,
+the compute after it).  After each ``kvtier-fs`` run the script reads the
+same bytes itself with O_DIRECT, 4 MiB requests, from one file of their size
+and from the tier's block files, on 1, 4 and 16 threads.  The floor is the
+fastest one-file read plus the hit's compute; the script prints the median
+hit TTFT over the floor, the breakdown as a text chart, and a PNG of it
+(``vllm-ttft-phases.png`` in the work folder) where matplotlib is installed.
+``--torch-copy`` adds ``kvtier-fs-torch-copy``: the same tier with the CPU
+worker copying with torch's ``copy_`` (its copy before numpy's).
 """
 
 from __future__ import annotations
@@ -46,8 +59,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ttft_phases import PHASES, ascii_chart, breakdown, draw, medium_read, one_file, pieces
+
 HERE = Path(__file__).resolve().parent
 TAG = "VLLM-TTFT "
+#: kvtier's fs tier, with the CPU worker copying with torch's copy_ (``--torch-copy``)
+TORCH_COPY = "kvtier-fs-torch-copy"
 
 
 def child(args: argparse.Namespace) -> None:
@@ -57,6 +74,7 @@ def child(args: argparse.Namespace) -> None:
     from vllm.inputs import TokensPrompt
 
     from kvtier.contrib.vllm.demo import engine_args, prompt_ids
+    from kvtier.observe import phases
 
     extra: dict[str, Any] | None = None
     if args.mode != "recompute":
@@ -68,8 +86,12 @@ def child(args: argparse.Namespace) -> None:
         }
         if args.mode in ("store", "vllm-fs"):
             extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
-        if args.mode in ("store", "kvtier-fs"):
+        if args.mode in ("store", "kvtier-fs", TORCH_COPY):
             extra["kvtier_config"] = args.kvtier_config
+    if args.mode == TORCH_COPY:  # the CPU worker's copies as torch's copy_ made them
+        from kvtier.contrib.vllm import worker
+
+        worker._copy = lambda dst, src: dst.copy_(src)
         if args.mode == "kvtier-object":
             extra["kvtier_config"] = args.kvtier_object_config
     llm = LLM(
@@ -84,7 +106,7 @@ def child(args: argparse.Namespace) -> None:
     llm.generate([TokensPrompt(prompt_token_ids=[7] * 40)], one, use_tqdm=False)  # warm-up
     prompt = TokensPrompt(prompt_token_ids=prompt_ids(args.tokens))
     samples = 1 if args.mode == "store" else args.samples
-    ttfts, cached = [], []
+    ttfts, cached, parts = [], [], []
     for i in range(samples):
         if i:
             # vLLM's caches emptied (its CPU tier included), stored files out of
@@ -94,17 +116,20 @@ def child(args: argparse.Namespace) -> None:
                 for root in (args.vllm_dir, args.kvtier_dir):
                     drop_page_cache(root)
             time.sleep(2.5)
+        phases.take()  # what the warm-up and the last prompt recorded
         start = time.perf_counter()
         out = llm.generate([prompt], one, use_tqdm=False)[0]
-        ttfts.append(time.perf_counter() - start)
+        end = time.perf_counter()
+        ttfts.append(end - start)
         cached.append(out.num_cached_tokens or 0)
+        parts.append(breakdown(phases.take(), start, end))
     if args.mode == "store":  # let the cascades to both tiers finish
         for _ in range(40):
             llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], one, use_tqdm=False)
             time.sleep(0.05)
     llm.llm_engine.engine_core.shutdown()
     print(TAG + json.dumps({"mode": args.mode, "ttft_s": ttfts, "cached_tokens": cached,
-                            "token": out.outputs[0].token_ids[0]}), flush=True)
+                            "token": out.outputs[0].token_ids[0], "phases": parts}), flush=True)
 
 
 def drop_page_cache(root: str) -> int:
@@ -124,7 +149,7 @@ def drop_page_cache(root: str) -> int:
 def run_child(mode: str, common: list[str]) -> dict[str, Any]:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
-               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+               HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", KVTIER_PHASES="1")
     proc = subprocess.run([sys.executable, __file__, "--child", mode, *common], env=env,
                           capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(TAG)]
@@ -160,6 +185,8 @@ def main() -> None:
     parser.add_argument("--kvtier-object-config")
     parser.add_argument("--object", action="store_true",
                         help="also time an object tier on a local SeaweedFS")
+    parser.add_argument("--torch-copy", action="store_true",
+                        help=f"also time {TORCH_COPY}: the CPU worker copying with torch")
     args = parser.parse_args()
     if args.mode:
         child(args)
@@ -214,14 +241,25 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
     modes: list[tuple[str, Path | None]] = [
         ("recompute", None), ("vllm-fs", vllm_dir), ("kvtier-fs", kvtier_dir)
     ]
+    if args.torch_copy:
+        modes.append((TORCH_COPY, kvtier_dir))
     if args.object:
         modes.append(("kvtier-object", None))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode, _ in modes}
+    # the medium alone, the same bytes: the tier's block files, and one file of their size
+    blocks = sorted(p for p in kvtier_dir.rglob("*") if p.is_file() and p.stat().st_size >= 1 << 20)
+    size = sum(p.stat().st_size for p in blocks)
+    single = one_file(kvtier_dir.parent / "one-file.bin", size)
+    medium: dict[str, list[float]] = {name: [] for name in MEDIUM}
     for _ in range(args.processes):  # interleaved, so drifting machine load hits all alike
         for mode, root in modes:
             if root is not None and not args.warm_cache:
                 drop_page_cache(str(root))
             runs[mode].append(run_child(mode, common))
+            if mode == "kvtier-fs":
+                for name, (which, threads) in MEDIUM.items():
+                    files = [single] if which == "one file" else blocks
+                    medium[name].append(medium_read(pieces(files), threads))
 
     def figures(mode: str) -> tuple[float, float, float, list[float], list[int]]:
         ttfts = [t for r in runs[mode] for t in r["ttft_s"]]
@@ -242,7 +280,52 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
         print(f"{mode:<14}{median:>10.3f}{low:>8.3f}{fresh:>24.3f}{base / median:>9.1f}x"
               f"  {cached}")
     print(f"first token identical in every run: {len(tokens) == 1}")
-    print(TAG + json.dumps({"runs": runs, "store": stored}))
+    report_phases(args, runs, medium, size, len(blocks), kvtier_dir.parent)
+    print(TAG + json.dumps({"runs": runs, "store": stored, "medium_s": medium}))
+
+
+#: the medium's own reads of the prompt's bytes, O_DIRECT, 4 MiB requests
+MEDIUM = {"one file, 1 thread": ("one file", 1), "one file, 4 threads": ("one file", 4),
+          "one file, 16 threads": ("one file", 16), "block files, 4 threads": ("blocks", 4),
+          "block files, 16 threads": ("blocks", 16)}
+
+
+def report_phases(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+                  medium: dict[str, list[float]], size: int, files: int, work: Path) -> None:
+    """The phase breakdown of the kvtier hits, the medium's reads and the floor."""
+    print(f"\nthe medium alone, O_DIRECT, 4 MiB requests, {size / 2**20:.1f} MiB "
+          f"(the {files} block files of the kvtier fs tier), median of {args.processes}:")
+    for name, times in medium.items():
+        t = statistics.median(times)
+        print(f"  {name:<24}{t * 1000:8.1f} ms  {size / t / 1e9:5.2f} GB/s")
+    read = min(statistics.median(t) for name, t in medium.items() if name.startswith("one"))
+    rows: list[tuple[str, dict[str, float]]] = []
+    for mode in (m for m in runs if m.startswith("kvtier")):
+        samples = [p for r in runs[mode] for p in r.get("phases", []) if p]
+        if not samples:
+            print(f"{mode}: no phases recorded (no load in its prompts)")
+            continue
+        med = {k: statistics.median(p[k] for p in samples) for k in (*PHASES, "ttft")}
+        compute = med["compute"]
+        floor = read + compute
+        print(f"\n{mode}: phases of a hit, median ms over {len(samples)} prompts "
+              f"({statistics.median(p['blocks'] for p in samples):.0f} blocks loaded)")
+        for k in PHASES:
+            lo, hi = (f(p[k] for p in samples) for f in (min, max))
+            print(f"  {k:<16}{med[k] * 1000:8.1f}   ({lo * 1000:.1f}-{hi * 1000:.1f})")
+        print(f"  {'TTFT':<16}{med['ttft'] * 1000:8.1f}")
+        print(f"  floor = medium read {read * 1000:.1f} + compute {compute * 1000:.1f} = "
+              f"{floor * 1000:.1f} ms; median TTFT / floor = {med['ttft'] / floor:.2f}x")
+        floor_parts = {"reads": read, "compute": compute}
+        rows += [(f"{mode} hit", med), (f"floor of {mode}", floor_parts)]
+    if not rows:
+        return
+    print("\n" + ascii_chart(rows))
+    png = work / "vllm-ttft-phases.png"
+    if draw(png, rows, f"{args.tokens}-token hit, vLLM {_vllm_version()} CPU"):
+        print(f"chart: {png}")
+    else:
+        print("no PNG chart: matplotlib is not installed (pip install 'kvtier[bench]')")
 
 
 def _vllm_version() -> str:

@@ -34,8 +34,8 @@ vLLM when first used.  All vLLM-version specifics live in
 :mod:`kvtier.contrib.vllm._compat`.
 
 May import :mod:`kvtier.policies` (vLLM's CPU tier runs kvtier's
-policies), :mod:`kvtier.block`, :mod:`kvtier.chain`, :mod:`kvtier.config` and
-:mod:`kvtier.spec`.
+policies), :mod:`kvtier.block`, :mod:`kvtier.chain`, :mod:`kvtier.config`,
+:mod:`kvtier.observe` (the phase timings of a load) and :mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

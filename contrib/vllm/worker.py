@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier.observe import phases
+
 from ._compat import (
     CanonicalKVCaches,
     LoadStoreSpec,
@@ -176,6 +178,8 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
             chunk_pos += num_chunks
         if engine_pos != len(engine_ids) or chunk_pos != len(chunk_ids):
             raise ValueError("transfer spec lists more blocks than its group sizes say")
+        phases.span("to host" if to_host else "to device", start, time.perf_counter(),
+                    len(chunk_ids))
         self._done.append(
             TransferResult(
                 job_id=job_id,

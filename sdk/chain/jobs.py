@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvtier.observe import phases
 from kvtier.spec import ClosedError
 
 __all__ = ["JobKind", "JobResult", "Jobs"]
@@ -53,12 +55,17 @@ class Jobs:
         if self._closing:
             raise ClosedError("chain is closed")
         job_id = next(self._ids)
+        submitted = time.perf_counter() if phases.ENABLED else 0.0
 
         def run() -> None:
+            started = time.perf_counter() if phases.ENABLED else 0.0
             try:
                 res = JobResult(job_id, kind, list(fn(*args)))
             except BaseException as exc:
                 res = JobResult(job_id, kind, [], exc)
+            if phases.ENABLED:  # how long it queued for a worker, then ran
+                phases.span(f"{kind} queued", submitted, started, len(res.result))
+                phases.span(f"{kind} job", started, time.perf_counter(), len(res.result))
             with self._lock:
                 self._done.append(res)
                 self._running.pop(job_id, None)
@@ -70,6 +77,10 @@ class Jobs:
     def poll(self) -> list[JobResult]:
         with self._lock:
             done, self._done = self._done, []
+        if phases.ENABLED and done:  # when the engine heard of each job
+            now = time.perf_counter()
+            for res in done:
+                phases.span(f"{res.kind} polled", now, now, len(res.result))
         return done
 
     def wait(self, job_ids: Iterable[int] | None, timeout: float | None) -> bool:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from time import perf_counter
 from typing import Any
 
+from kvtier.observe import phases
+
 __all__ = ["LatencyHistogram", "TierStats"]
 
 _BUCKETS = 32  # 1 us .. ~36 min
@@ -92,6 +94,7 @@ class TierStats:
             yield
         finally:
             elapsed = perf_counter() - start
+            phases.span(f"backend {op}", start, start + elapsed)
             with self.lock:
                 hist = self.latency.get(op)
                 if hist is None:
