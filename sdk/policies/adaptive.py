@@ -65,7 +65,7 @@ class Adaptive:
     as new, they lost most of what a switch would gain.
     """
 
-    name = "adaptive"
+    name: ClassVar[str] = "adaptive"
     CANDIDATES: ClassVar[tuple[type[Lru | Arc | S3Fifo], ...]] = (Lru, Arc, S3Fifo)
     FIRST = S3Fifo
     SAMPLE = 0.01
