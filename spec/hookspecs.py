@@ -193,10 +193,12 @@ def kvtier_open(options: Mapping[str, Any], namespace: str) -> None:
     :param options: the tier's options, validated against
         ``kvtier_options`` and with defaults filled in.
     :param namespace: a 32-character lowercase hex string naming the KV
-        namespace (model, dtype, layout, ...).  Blocks of different
+        namespace (model, dtype, layout, tenant, ...).  Blocks of different
         namespaces are never interchangeable; a backend may use it to lay
         out storage (a directory, a key prefix).  Keys are only unique
-        within one namespace.
+        within one namespace.  A tenant is a namespace of its own
+        (docs/tenants.md): a backend that keeps namespaces apart keeps
+        tenants apart, and no hook names a tenant.
 
     Raise :class:`~kvtier.spec.ConfigError` for bad option values (with
     ``key=`` the option name) and :class:`~kvtier.spec.BackendError` when the

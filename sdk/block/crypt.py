@@ -24,8 +24,10 @@ which tiers answer as a miss counted in ``corrupt``.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -53,7 +55,7 @@ TAG_LEN = 16
 MASTER_MIN = 32
 #: Bytes decrypted per step of an in-place open (:meth:`Keyring.open_in_place`):
 #: the scratch copy stays in the CPU cache.
-_CHUNK = 256 << 10
+_CHUNK = 64 << 10
 _scratch = threading.local()
 _KEY_ID_INFO = b"kvtier key id v1"
 _TENANT_INFO = b"kvtier tenant key v1\x00"
@@ -112,6 +114,45 @@ def read_master(source: str, key: str) -> bytes:
     return master
 
 
+class _Buffers:
+    """Page-aligned output buffers for sealed payloads, reused once released.
+
+    A fresh 2 MiB buffer costs the kernel 512 page faults and a zeroing
+    pass each time, more than the encryption itself on a busy machine; a
+    buffer comes back here when the last view of it is gone (a finalizer
+    on the array that holds it), so a tier writing batch after batch seals
+    into memory it already has.  Page-aligned, so a store writing with
+    O_DIRECT takes it as it is.  At most :data:`_KEEP` bytes are kept.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> memoryview:
+        with self._lock:
+            free = self._free.get(size)
+            room = free.pop() if free else None
+            if room is not None:
+                self._kept -= size
+        if room is None:
+            room = mmap.mmap(-1, size)
+        array = np.frombuffer(room, dtype=np.uint8)
+        weakref.finalize(array, self._give, room, size)
+        return array.data
+
+    def _give(self, room: mmap.mmap, size: int) -> None:
+        with self._lock:
+            if self._kept + size <= _KEEP:
+                self._free.setdefault(size, []).append(room)
+                self._kept += size
+
+
+_KEEP = 256 << 20
+_buffers = _Buffers()
+
+
 class Keyring:
     """Master keys by id: the first seals new writes, every one opens.
 
@@ -153,10 +194,7 @@ class Keyring:
     def seal(self, tenant: bytes, nonce: bytes, payload: BytesLike, aad: bytes) -> memoryview:
         """``payload`` encrypted for ``tenant`` under the writing key, tag appended."""
         view = memoryview(payload).cast("B")
-        # page-aligned, so a store writing with O_DIRECT takes it as it is
-        room = np.empty(view.nbytes + TAG_LEN + 4096, dtype=np.uint8)
-        start = -room.ctypes.data % 4096
-        out = room[start : start + view.nbytes + TAG_LEN].data
+        out = _buffers.take(view.nbytes + TAG_LEN)
         self._aead(self.write_id, tenant)[0].encrypt_into(nonce, view, aad, out)
         return out
 

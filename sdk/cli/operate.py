@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.block.crypt import Keyring
 from kvtier.block.framing import CODEC_ZSTD, decode_into, parse_header
 from kvtier.block.framing import check_payload as _check_payload
 from kvtier.block.namespace import Namespace
@@ -191,20 +192,27 @@ def _read_batches(entries: Sequence[ScanEntry]) -> Iterator[list[ScanEntry]]:
             yield batch
 
 
-def check_block(blob: Any, entry: ScanEntry) -> tuple[int, str | None]:
+def check_block(
+    blob: Any, entry: ScanEntry, seal: Keyring | None = None
+) -> tuple[int, str | None]:
     """Verify one stored block fully; ``(codec, None)`` or ``(-1, reason)``.
 
     Header, namespace, key, length and checksum, and for a compressed block
-    the zstd frame itself (decoded into scratch memory).
+    the zstd frame itself (decoded into scratch memory).  A sealed block is
+    opened with ``seal``, the tier's keys (its tag is its checksum); without
+    them only its header is checked: a configuration that lost its
+    ``encrypt`` must not have a scrub remove every sealed block.
     """
     fingerprint = bytes.fromhex(entry.namespace)
     try:
         header = parse_header(blob, fingerprint, entry.key)
+        if header.key_id and seal is None:
+            return header.codec, None
         stored = memoryview(blob).cast("B")[header.size :]
-        _check_payload(header, stored, True)
+        _check_payload(header, stored, True, seal)
         if header.codec == CODEC_ZSTD:
             decode_into(blob, fingerprint, entry.key, memoryview(bytearray(header.raw_len)),
-                        verify=False)
+                        verify=False, seal=seal)
     except CorruptBlockError as exc:
         return -1, str(exc)
     return header.codec, None
@@ -277,7 +285,7 @@ def inspect_store(store: OperatorStore, sample: int) -> tuple[list[NamespaceSumm
         for entry, blob in zip(batch, blobs):
             if blob is None:
                 continue  # evicted since the scan
-            codec, _ = check_block(blob, entry)
+            codec, _ = check_block(blob, entry, store.tier(batch[0].namespace).seal)
             summary.sampled += 1
             summary.codecs[_CODEC_NAMES.get(codec, str(codec))] += 1
     for ns, cost in costs.items():
@@ -358,7 +366,7 @@ def scrub_store(store: OperatorStore, entries: Sequence[ScanEntry], *, repair: b
                 continue
             result.checked += 1
             result.bytes += memoryview(blob).nbytes
-            _, reason = check_block(blob, entry)
+            _, reason = check_block(blob, entry, tier.seal)
             if reason is not None:
                 bad.append((entry, reason))
         removed = tier.handle.evict([e.key for e, _ in bad]) if repair and bad else []
