@@ -96,6 +96,7 @@ __all__ = [
     "TransferResult",
     "adopt_vllm_logging",
     "canonical_layout",
+    "current_platform",
     "engine_blocks",
     "has_device_worker",
     "job_result",

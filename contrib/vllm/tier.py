@@ -88,6 +88,7 @@ from .args import secondary_chain_config
 from .chain_like import ChainLike, UnopenedChain
 from .keys import chain_key, namespace_for
 from .lookups import HIT, MISS, LookupVerdicts
+from .recompute_timing import RecomputeTimer
 from .region import PrimaryRows
 from .tier_metrics import METRIC_PREFIX, AdapterCounters, metric_definitions, offloading_stats
 from .tier_options import TierOptions
@@ -208,6 +209,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self._options.lookup_timeout, self._options.verdict_ttl, self._counters
         )
         self._jobs: dict[int, _Job] = {}
+        self._timer = RecomputeTimer(self.namespace, self._offloading_spec)  # teaches the chain
         # loads reported failed while still reading: chain job -> deferred_release
         self._late: dict[int, threading.Event] = {}
         self._repairs: set[Future[list[bool]]] = set()
@@ -317,7 +319,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         now = time.monotonic()
         with self._lock:
             self._drain_locked(now)
-            return self._verdicts.answer(ck, now)
+            answer = self._verdicts.answer(ck, now)
+            return self._timer.looked_up(self.chain, req_context, answer, now)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         with self._lock:
@@ -326,6 +329,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             _yield_gil()
         now = time.monotonic()
         with self._lock:
+            self._timer.step()  # what this step scheduled is computed after it
             self._drain_locked(now)
             self._maybe_reopen_locked(now)
             if now >= self._next_prune:
@@ -356,6 +360,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         now = time.monotonic()
         keys = list(job_metadata.keys)
         with self._lock:
+            self._timer.stored(self.chain, job_metadata, len(keys), now)  # what computing took
             if not self._chunks_fit(job_metadata, keys):
                 self._refuse_locked(_Job(job_metadata.job_id, False, keys, now))
                 return

@@ -104,6 +104,7 @@ def child(args: argparse.Namespace) -> None:
                         "block_s": t["load_cost"]["block_s"]}
             for t in tier.chain_stats()["tiers"]
         }
+        result["recompute"] = tier.chain_stats().get("recompute")  # where its model came from
     llm.llm_engine.engine_core.shutdown()
     print(TAG + json.dumps(result), flush=True)
 

@@ -68,7 +68,9 @@ class SlowBackend(SampleBackend):
     changed while open (``instance.delay_per_mib``), as a tier that degrades.
     With ``root``, blocks are files in that folder (named by the key's hex), so
     that a fresh process finds what another stored.  ``hiccup`` delays the first
-    get only, as the engine's own threads can delay one read.
+    get only, as the engine's own threads can delay one read.  ``persistent``
+    declares the folder persistent (where a chain keeps its catalog and what it
+    learned of recomputing).
     """
 
     def __init__(self) -> None:
@@ -76,6 +78,7 @@ class SlowBackend(SampleBackend):
         self.delay_per_mib = 0.0
         self.hiccup = 0.0
         self.root: Path | None = None
+        self.persistent = False
 
     @hookimpl
     def kvtier_options(self):
@@ -84,12 +87,18 @@ class SlowBackend(SampleBackend):
             "delay_per_mib": Option("float", "seconds a get takes per MiB it returns", 0.0),
             "root": Option("str", "a folder to keep blocks in (default: memory)", ""),
             "hiccup": Option("float", "seconds the first get takes on top", 0.0),
+            "persistent": Option("bool", "declare the root persistent", False),
         }
+
+    @hookimpl
+    def kvtier_capabilities(self):
+        return Capabilities(thread_safe=False, persistent=self.persistent and bool(self.root))
 
     @hookimpl
     def kvtier_open(self, options, namespace):
         self.delay_per_mib = options["delay_per_mib"]
         self.hiccup = options["hiccup"]
+        self.persistent = options["persistent"]
         self.namespace = namespace
         if options["root"]:
             self.root = Path(options["root"]) / str(namespace)
