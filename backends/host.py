@@ -28,6 +28,7 @@ from kvtier.policies import NAMES, Policy, new_policy
 from kvtier.policies.sizing import SIZING_OPTION, Sizer
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
+from kvtier.spec.shared import CAPACITY, but, eviction
 
 __all__ = ["POLICIES", "HostBackend"]
 
@@ -41,17 +42,13 @@ def _positive(size: int) -> None:
 
 
 _OPTIONS: Mapping[str, Option] = {
-    "capacity": Option("size", "Bytes of block data held in RAM (sum of block sizes), e.g. 8GiB.",
-                       required=True, check=_positive),
-    "eviction": Option("str", "Which block to drop when full: lru, arc (resists one-off "
-                       "scans), s3fifo (frequency-aware: one-hit blocks leave first), or "
-                       "adaptive (follows whichever of the three hits most lately).",
-                       default="lru", choices=POLICIES),
+    "capacity": but(CAPACITY, required=True),
+    "eviction": eviction(POLICIES, default="lru"),
     "max_block_size": Option("size", "Refuse larger blocks (default: only the capacity limits).",
                              default=None, check=_positive),
     "prefault": Option("size", "Bytes of process memory touched at open, so that the first "
                        "blocks land in mapped pages (at most the capacity; 0: none).",
-                       default="128MiB"),
+                       default="128MiB", internal=True),
     "sizing_sample": SIZING_OPTION,
 }
 

@@ -5,9 +5,9 @@ reads; ``but`` changes only what differs (its default, the policies it
 supports)::
 
     OPTIONS = {
-        "capacity": CAPACITY.but(required=True),
+        "capacity": but(CAPACITY, required=True),
         "eviction": eviction(("lru", "s3fifo")),
-        "io_threads": CONCURRENCY.but(default=4),   # written `concurrency`
+        "io_threads": but(CONCURRENCY, default=4),   # written `concurrency`
     }
 
 Where the backend's name is not the shared key (``io_threads`` above), the
@@ -18,12 +18,12 @@ with a warning naming the shared key (:attr:`~kvtier.spec.Option.key`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from .types import Option
 
-__all__ = ["CAPACITY", "CONCURRENCY", "CONNECT_TIMEOUT", "SHARED", "SIZING_SAMPLE", "TIMEOUT",
-           "but", "eviction"]
+__all__ = ["CAPACITY", "CONCURRENCY", "CONNECT_TIMEOUT", "SHARED", "TIMEOUT", "but", "eviction"]
 
 
 def _positive(value: float) -> None:
@@ -36,33 +36,29 @@ def _at_least_one(value: int) -> None:
         raise ValueError(f"expected 1 or more, got {value}")
 
 
-def _share(value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"expected a share from 0 to 1, got {value:g}")
-
-
 def but(option: Option, **changes: Any) -> Option:
     """``option`` with ``changes`` (a backend's default, its choices), its key kept."""
     return dataclasses.replace(option, **changes)
 
 
+def _at_least_one_byte(value: int) -> None:
+    if value < 1:  # 0 would refuse every put, silently
+        raise ValueError(f"expected at least 1 byte, got {value}; leave it unset for no bound")
+
+
 CAPACITY = Option(
     "size", "bytes of blocks kept before the eviction policy drops some (8GiB, 500MB); "
-    "unset: unbounded", check=_positive, key="capacity")
+    "unset: unbounded", check=_at_least_one_byte, key="capacity")
 
 
-def eviction(choices: tuple[str, ...], default: str | None = None) -> Option:
+def eviction(choices: Iterable[str], default: str | None = None) -> Option:
     """The ``eviction`` option of a backend that supports the policies ``choices``."""
-    return Option("str", "which block the capacity drops first: "
-                  f"{', '.join(choices)} (docs/settings.md)",
-                  default=choices[0] if default is None else default, choices=choices,
-                  key="eviction")
+    names = tuple(choices)
+    return Option("str", f"which block the capacity drops first: {', '.join(names)} "
+                  "(docs/settings.md)", default=names[0] if default is None else default,
+                  choices=names, key="eviction")
 
 
-SIZING_SAMPLE = Option(
-    "float", "share of keys fed to miniature simulations that estimate the hit ratio at "
-    "0.5x, 2x and 4x the capacity (stats' sizing_hit_ratio_*; 0: off)", default=0.01,
-    check=_share, key="sizing_sample")
 CONCURRENCY = Option(
     "int", "operations one batch runs at once: threads (fs), requests in flight (object), "
     "connections (peer: per peer; redis: in all)", check=_at_least_one, key="concurrency")
@@ -73,8 +69,10 @@ CONNECT_TIMEOUT = Option(
     "duration", "the longest connecting (and a handshake) may take", check=_positive,
     key="connect_timeout")
 
-#: Every shared option, by its key (``eviction`` with one policy: each backend names its own).
+#: Every shared option, by its key (``eviction`` with one policy: each backend names its
+#: own).  ``sizing_sample`` is shared too, declared with the miniatures it samples for
+#: (:data:`kvtier.policies.sizing.SIZING_OPTION`).
 SHARED: dict[str, Option] = {
-    "capacity": CAPACITY, "eviction": eviction(("lru",)), "sizing_sample": SIZING_SAMPLE,
+    "capacity": CAPACITY, "eviction": eviction(("lru",)),
     "concurrency": CONCURRENCY, "timeout": TIMEOUT, "connect_timeout": CONNECT_TIMEOUT,
 }

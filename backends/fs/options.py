@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from kvtier.policies.sizing import SIZING_OPTION
 from kvtier.spec import Option
+from kvtier.spec.shared import CAPACITY, CONCURRENCY, but, eviction
 
 from .open import check_url
 from .pool import POOL_OPTIONS
@@ -33,26 +34,15 @@ OPTIONS: Mapping[str, Option] = {
         required=True,
         check=check_url,
     ),
-    "capacity": Option(
-        "size",
-        "bytes of block files to keep before evicting (see eviction); unset for unbounded",
-        default=None,
-        check=_check_capacity,
-    ),
-    "eviction": Option(
-        "str",
-        "which block to drop when full: lru, or s3fifo (blocks used once leave first, "
-        "so a scan does not flush the reused ones); every process on a pooled root "
-        "must name the same",
-        default="lru",
-        choices=POLICIES,
-    ),
+    "capacity": CAPACITY,
+    "eviction": eviction(POLICIES),
     "create": Option(
         "bool",
         "make a local root directory that does not exist; false: it must exist already (a "
         "mount point; kvtier inspect, scrub and purge open with false, so a mistyped path "
         "is an error and nothing is created)",
         default=True,
+        internal=True,
     ),
     "read_only": Option(
         "bool",
@@ -66,12 +56,7 @@ OPTIONS: Mapping[str, Option] = {
         "fsync each block file and its directory on publish (survives power loss, slower)",
         default=False,
     ),
-    "io_threads": Option(
-        "int",
-        "threads running the file I/O of one batch in parallel",
-        default=4,
-        check=_check_threads,
-    ),
+    "io_threads": but(CONCURRENCY, default=4),
     "direct_io": Option(
         "bool",
         "write blocks of 256 KiB and more with O_DIRECT on local paths, and read those "

@@ -578,7 +578,8 @@ class SharedPool:
 def attach(store: Any, options: Mapping[str, Any], namespace: str) -> Any:
     """``store`` as a :class:`PoolStore` when its options ask for a shared pool, else as is."""
     wanted = options["capacity"] is not None or options.get("min_free") is not None
-    if not (isinstance(store, LocalStore) and options.get("pool", True) and wanted):
+    pooled = options.get("capacity_scope") != "process"  # capacity_scope: process, no pool
+    if not (isinstance(store, LocalStore) and pooled and wanted):
         return store
     root = os.path.dirname(store.nsroot)
     kind = network_fs(root)

@@ -14,7 +14,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from kvtier.spec import Option
+from kvtier.spec import Option, Renamed
+from kvtier.spec.shared import TIMEOUT, but
 
 __all__ = ["DB_NAME", "LEASE_MIN_S", "POOL_OPTIONS", "alive", "journal_keys", "journal_path",
            "network_fs", "parse_min_free"]
@@ -65,19 +66,27 @@ def parse_min_free(value: str | int) -> tuple[int, float]:
     return size, 0.0
 
 
+def _scope_of_pool(pool: bool, scope: str | None) -> str | None:
+    """The old ``pool: false`` is ``capacity_scope: process``; with ``capacity_scope: pool``
+    it is a contradiction (no pool to bound), refused."""
+    if pool:
+        return scope
+    if scope == "pool":
+        raise ValueError("pool: false contradicts capacity_scope: pool (every namespace of the "
+                         "root needs the shared index); write capacity_scope: process or pool")
+    return "process"
+
+
 POOL_OPTIONS: Mapping[str, Option] = {
-    "pool": Option(
-        "bool",
-        "local roots: capacity and min_free hold for every process sharing the root "
-        "together (a shared index, <root>/.kvtier-pool.db); false: per process",
-        default=True,
-    ),
     "capacity_scope": Option(
         "str",
-        "namespace: capacity bounds this tier's namespace; pool: every namespace of the "
-        "root together (local roots with pool on)",
+        "what the capacity and min_free bound, on a local root: namespace (this tier's "
+        "namespace, for every process sharing the root together: a shared index, "
+        "<root>/.kvtier-pool.db), pool (every namespace of the root together) or process "
+        "(each process its own blocks, no shared index)",
         default="namespace",
-        choices=("namespace", "pool"),
+        choices=("namespace", "pool", "process"),
+        was=(Renamed("pool", "bool", _scope_of_pool),),
     ),
     "min_free": Option(
         "size_or_percent",
@@ -86,9 +95,9 @@ POOL_OPTIONS: Mapping[str, Option] = {
         default=None,
         check=_check_min_free,
     ),
-    "pool_lease": Option(
-        "duration",
-        "how long the evictor's lease lasts (at least 1s): a dead evictor is replaced "
+    "pool_lease": but(
+        TIMEOUT,
+        help="how long the evictor's lease lasts (at least 1s): a dead evictor is replaced "
         "within it, and a put waits at most this long for room",
         default="10s",
         check=_check_lease,

@@ -66,6 +66,7 @@ from kvtier.spec import (
     map_batch,
 )
 from kvtier.spec.base import Evicted, Scan, Tamper
+from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but, eviction
 
 from .faults import Bucket, first_line
 from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex
@@ -109,16 +110,14 @@ OPTIONS: Mapping[str, Option] = {
     "region": Option("str", "region used to sign requests", default="us-east-1"),
     "access_key_id": Option("str", "access key; unset: AWS_ACCESS_KEY_ID", secret=True),
     "secret_access_key": Option("str", "secret; unset: AWS_SECRET_ACCESS_KEY", secret=True),
-    "allow_http": Option("bool", "allow plain http; default: if the endpoint is http://"),
-    "concurrency": Option("int", "requests in flight for a batch", default=16, check=_check_n),
-    "request_timeout": Option("duration", "timeout of one request", default="30s"),
-    "connect_timeout": Option("duration", "timeout to connect", default="5s"),
+    "allow_http": Option("bool", "allow plain http; derived: if the endpoint is http://",
+                         internal=True),
+    "concurrency": but(CONCURRENCY, default=16),
+    "request_timeout": but(TIMEOUT, default="30s"),
+    "connect_timeout": but(CONNECT_TIMEOUT, default="5s"),
     "lookup_cache_ttl": Option("duration", "lifetime of cached lookups; 0: off", default="2s"),
-    "capacity": Option("size", "bytes kept in the namespace, oldest deleted; unset: no limit"),
-    "eviction": Option(
-        "str", "with capacity: which objects to delete: fifo (the oldest) or s3fifo "
-        "(frequency-aware: objects this instance read again outlive one-off ones)",
-        default="fifo", choices=INDEXES),
+    "capacity": CAPACITY,
+    "eviction": eviction(INDEXES, default="fifo"),
     "max_age": Option("duration", "delete blocks older than this; unset: keep them"),
     "scan_interval": Option(
         "duration", "with capacity or max_age: LIST the namespace this often to count "

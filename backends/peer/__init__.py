@@ -65,6 +65,7 @@ from kvtier.spec import (
     RefusedError,
 )
 from kvtier.spec.base import Evicted, GetInto, PutParts
+from kvtier.spec.shared import CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
 
 from .ring import Ring
 from .wire import Conn, Payload, Peer, PeerDown, chunks, connect
@@ -96,12 +97,9 @@ OPTIONS: Mapping[str, Option] = {
                     check=_check_peers),
     "placement": Option("str", "hash: each key on one peer; all: every peer holds every key",
                         default="hash", choices=("hash", "all")),
-    "connections": Option("int", "connections per peer (requests are pipelined on each)",
-                          default=2, check=_within(1, 64, "1 to 64 connections per peer")),
-    "connect_timeout": Option("duration", "limit for connecting and the handshake",
-                              default="2s", check=_within(1e-3, 3600, "1ms to 1h")),
-    "request_timeout": Option("duration", "limit for one batch; a slower peer gives misses",
-                              default="10s", check=_within(1e-3, 3600, "1ms to 1h")),
+    "connections": but(CONCURRENCY, default=2, check=_within(1, 64, "1 to 64 per peer")),
+    "connect_timeout": but(CONNECT_TIMEOUT, default="2s", check=_within(1e-3, 3600, "1ms to 1h")),
+    "request_timeout": but(TIMEOUT, default="10s", check=_within(1e-3, 3600, "1ms to 1h")),
     "secret": Option("str", "shared secret for HMAC authentication (both ways)",
                      default=None, secret=True),
     "max_payload": Option("size", "largest frame payload sent or accepted",

@@ -1,9 +1,11 @@
-"""The options of a ``secondary_tiers`` entry for ``KvtierTier``, checked.
+"""The options of a ``secondary_tiers`` entry for ``KvtierTier``, declared and checked.
 
-Each option is documented on :class:`TierOptions`; they are ``KvtierTier``'s
-keyword arguments, whose defaults live there.  Checking them here, before
-anything is opened, means a bad entry stops vLLM at start-up with an error
-naming it.
+Each option is an :class:`~kvtier.spec.Option` of :data:`OPTIONS`, parsed by
+the parser every backend option and chain key goes through
+(:func:`kvtier.config.parse_option`), and documented on
+:class:`TierOptions`; they are ``KvtierTier``'s keyword arguments, whose
+defaults live there.  Checking them here, before anything is opened, means a
+bad entry stops vLLM at start-up with an error naming it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,54 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-from kvtier.spec import ConfigError
+from kvtier.config import parse_option
+from kvtier.spec import ConfigError, Option
 
 from ._compat import HAS_DEFERRED_RELEASE, VLLM_VERSION, locality_of
 
-__all__ = ["TierOptions"]
+__all__ = ["OPTIONS", "TierOptions"]
+
+
+def _seconds_of(value: Any) -> float:
+    """``value`` as seconds: a finite number, 0 or more (JSON lets NaN and Infinity in)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"expected a finite number of seconds, 0 or more, got {value!r}")
+    return seconds
+
+
+def _at_least_one(value: int) -> None:
+    if value < 1:
+        raise ValueError(f"expected 1 or more threads, got {value}")
+
+
+def _seconds(help: str) -> Option:
+    # required: KvtierTier passes its default; a None given is no number of seconds
+    return Option("duration", help, required=True, parse=_seconds_of)
+
+
+#: The options of a ``secondary_tiers`` entry, as :class:`TierOptions` documents them.
+OPTIONS: Mapping[str, Option] = {
+    "config": Option("str", "path of the kvtier YAML", required=True),
+    "namespace_extra": Option("map", "extra namespace fields (a deployment tag, a KV quantiser)"),
+    "model_name": Option("str", "the model's identity in the namespace, instead of vLLM's "
+                         "model name"),
+    "keep_host_tier": Option("bool", "open a leading host tier too", default=False),
+    "lookup_timeout": _seconds("seconds a lookup may stay unanswered before it is a miss"),
+    "verdict_ttl": _seconds("seconds a lookup answer is reused"),
+    "failed_ttl": _seconds("seconds a key stays a miss after a failed load"),
+    "job_workers": Option("int", "threads running the chain's asynchronous jobs", default=8,
+                          check=_at_least_one),
+    "reopen_interval": _seconds("seconds between tries to open a chain that failed to open"),
+    "locality": Option("str", "LOCAL or REMOTE, passed on to vLLM"),
+    "load_timeout": Option("duration", "vLLM 0.34 and later: seconds a load may run before "
+                           "the tier reports it failed", parse=_seconds_of),
+}
 
 
 @dataclass(frozen=True)
@@ -94,37 +137,31 @@ class TierOptions:
             raise ConfigError(
                 f"secondary tier {tier_type!r} needs 'config': the path of a kvtier YAML"
             )
-        return cls(
-            config=config,
-            namespace_extra=namespace_extra,
-            model_name=model_name,
-            keep_host_tier=keep_host_tier,
-            locality=None if locality is None else locality_of(locality),
-            lookup_timeout=_seconds(tier_type, "lookup_timeout", lookup_timeout),
-            verdict_ttl=_seconds(tier_type, "verdict_ttl", verdict_ttl),
-            failed_ttl=_seconds(tier_type, "failed_ttl", failed_ttl),
-            load_timeout=_load_timeout(tier_type, load_timeout),
-            job_workers=job_workers,
-            reopen_interval=_seconds(tier_type, "reopen_interval", reopen_interval),
-        )
+        given: dict[str, Any] = {
+            "config": config, "namespace_extra": namespace_extra, "model_name": model_name,
+            "keep_host_tier": keep_host_tier, "lookup_timeout": lookup_timeout,
+            "verdict_ttl": verdict_ttl, "failed_ttl": failed_ttl, "job_workers": job_workers,
+            "reopen_interval": reopen_interval, "locality": locality,
+            "load_timeout": load_timeout,
+        }
+        parsed: dict[str, Any] = {}
+        for name, opt in OPTIONS.items():
+            def fail(reason: str, name: str = name) -> NoReturn:
+                raise ConfigError(f"secondary tier {tier_type!r}: {name!r}: {reason}")
+
+            value = given[name]
+            if value is None and opt.required and opt.parse is _seconds_of:
+                fail(f"expected a finite number of seconds, 0 or more, got {value!r}")
+            parsed[name] = parse_option("vllm", name, opt, value, fail)
+        locality_name = parsed.pop("locality")
+        return cls(**{**parsed,
+                      "locality": None if locality_name is None else locality_of(locality_name),
+                      "load_timeout": _load_timeout(tier_type, parsed["load_timeout"])})
 
 
-def _seconds(tier_type: str, name: str, value: Any) -> float:
-    """``value`` as seconds: a finite number, 0 or more (JSON lets NaN and Infinity in)."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError, OverflowError):
-        seconds = math.nan
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"secondary tier {tier_type!r}: {name!r}: expected a finite number "
-                          f"of seconds, 0 or more, got {value!r}")
-    return seconds
-
-
-def _load_timeout(tier_type: str, value: float | None) -> float | None:
-    if value is None:
+def _load_timeout(tier_type: str, seconds: float | None) -> float | None:
+    if seconds is None:
         return None
-    seconds = _seconds(tier_type, "load_timeout", value)
     if not HAS_DEFERRED_RELEASE:  # without it a late read could write into reused slots
         raise ConfigError(
             f"'load_timeout' needs vLLM 0.34 or later (JobResult.deferred_release); "

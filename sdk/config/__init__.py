@@ -18,6 +18,9 @@ from kvtier.config.chain_config import (
 from kvtier.config.explain import Setting, explain
 from kvtier.config.units import format_size, parse_duration, parse_size
 
+# the one parser of declared options, for the integrations that declare theirs (vLLM's tier)
+from kvtier.plugins.options import parse_option
+
 __all__ = [
     "TIER_KEYS",
     "ChainConfig",
@@ -28,5 +31,6 @@ __all__ = [
     "format_size",
     "load_config",
     "parse_duration",
+    "parse_option",
     "parse_size",
 ]

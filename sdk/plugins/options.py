@@ -202,7 +202,8 @@ Warn = Callable[[str, str], None]
 
 
 def resolve_keys(what: str, declared: Mapping[str, Option], values: Mapping[str, Any],
-                 fail: FailAt, warn: Warn, *, from_file: bool) -> dict[str, Any]:
+                 fail: FailAt, warn: Warn, *, from_file: bool,
+                 written: dict[str, str] | None = None) -> dict[str, Any]:
     """``values`` (by the keys written) by declared name, old keys merged into their new ones.
 
     The one place an option's names are read: the key a file writes
@@ -211,7 +212,8 @@ def resolve_keys(what: str, declared: Mapping[str, Option], values: Mapping[str,
     ``warn``-ed with the new key; an option only kvtier's commands set
     (:attr:`~kvtier.spec.Option.internal`) too, where ``from_file``.  An
     unknown key, a value given under two names, or an old value that
-    contradicts the new key's is ``fail``-ed.
+    contradicts the new key's is ``fail``-ed.  ``written`` gets the key each
+    declared name was given under, for errors found later.
     """
     known = {user_key(n, o) for n, o in declared.items()}
     known |= {r.name for n, o in declared.items() for r in old_keys(n, o)}
@@ -226,9 +228,13 @@ def resolve_keys(what: str, declared: Mapping[str, Option], values: Mapping[str,
     for name, opt in declared.items():
         new = user_key(name, opt)
         value = values.get(new)
+        if value is not None and written is not None:
+            written[name] = new
         for old in old_keys(name, opt):
             if values.get(old.name) is None:
                 continue
+            if written is not None:
+                written.setdefault(name, old.name)
             warn(old.name, f"{old.name!r} is deprecated and goes in the next release: "
                            f"write {new!r} instead (docs/settings.md)")
             if old.merge is None:
@@ -272,11 +278,12 @@ def check_options(
     def warn(key: str, message: str) -> None:
         warnings.warn(DeprecatedKey(f"backend {backend!r}: {message}"), stacklevel=4)
 
+    written: dict[str, str] = {}
     named = resolve_keys(f"backend {backend!r}", declared, values, fail_at, warn,
-                         from_file=False)
+                         from_file=False, written=written)
     checked: dict[str, Any] = {}
     for name, opt in declared.items():
-        def fail(reason: str, key: str = user_key(name, opt)) -> NoReturn:
+        def fail(reason: str, key: str = written.get(name, user_key(name, opt))) -> NoReturn:
             raise ConfigError(reason, key=key)
 
         checked[name] = parse_option(backend, name, opt, named[name], fail)

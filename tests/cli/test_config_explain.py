@@ -50,8 +50,8 @@ def test_json_rows_are_the_table_rows(config_file: str) -> None:
     secret = next(s for s in settings if s["key"] == "secret_access_key")
     assert secret == {"tier": "s3", "key": "secret_access_key", "value": "***", "source": "env",
                       "where": f"{config_file}:10", "variables": ["S3_SECRET"]}
-    request_timeout = next(s for s in settings if s["key"] == "request_timeout")
-    assert (request_timeout["value"], request_timeout["source"]) == ("30s", "default")
+    timeout = next(s for s in settings if s["key"] == "timeout")  # was request_timeout
+    assert (timeout["value"], timeout["source"]) == ("30s", "default")
     cells = [[c.strip() for c in line.split("│")[1:-1]]
              for line in table.stdout.splitlines() if line.startswith("│")]
     assert cells == [[s["tier"], s["key"], s["value"],

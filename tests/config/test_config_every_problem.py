@@ -93,8 +93,7 @@ def test_validate_command_prints_every_problem(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         f"error: {path}:4: chain[0].capacity: expected a size such as 8GiB, 500MB or 4096 "
         "(bytes), got '0x' (tier 'ram')",
-        f"error: {path}:8: chain[1].io_threads: expected a whole number of threads >= 1, "
-        "got 0 (tier 'disk')",
+        f"error: {path}:8: chain[1].io_threads: expected 1 or more, got 0 (tier 'disk')",
         f"error: {path}:9: chain[1].codec: expected one of 'none', 'zstd', got 'lz4' "
         "(tier 'disk')",
         f"{path}: 3 problem(s)",

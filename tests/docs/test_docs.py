@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -11,7 +10,9 @@ import pytest
 import yaml
 
 import kvtier
-from kvtier.config import TIER_KEYS, TierConfig, load_config
+from kvtier.config import load_config
+from kvtier.config.settings import TIER_OPTIONS
+from kvtier.plugins.options import file_keys
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import hookspecs
 
@@ -45,15 +46,14 @@ def test_readme_yaml_example_validates(tmp_path: Path) -> None:
 
 def test_readme_tier_key_table_lists_every_tier_key() -> None:
     documented = set(re.findall(r"^\| `(\w+)` \| [^|]+ \| [^|]+ \|$", README, flags=re.M))
-    assert documented == set(TIER_KEYS)
+    assert documented == set(file_keys(TIER_OPTIONS))
 
 
 def test_readme_tier_key_table_gives_the_defaults_of_tier_config() -> None:
     documented = dict(re.findall(r"^\| `(\w+)` \| `?([^|`]+)`? \| [^|]+ \|$", README, flags=re.M))
-    for f in dataclasses.fields(TierConfig):
-        if f.name in TIER_KEYS:
-            want = "required" if f.default is dataclasses.MISSING else str(f.default).lower()
-            assert documented[f.name] == want, f.name
+    for key, opt in TIER_OPTIONS.items():
+        want = "required" if opt.required else str(opt.default).lower()
+        assert documented[key] == want, key
 
 
 @pytest.mark.parametrize("backend", ["host", "fs", "object", "peer"])
@@ -64,7 +64,7 @@ def test_readme_backend_table_lists_every_option(backend: str) -> None:
     for name, option in rows:
         current = name.strip("`") or current
         documented.setdefault(current, set()).add(option)
-    assert documented[backend] == set(default_registry().options(backend))
+    assert documented[backend] == set(file_keys(default_registry().options(backend)))
 
 
 def test_every_hook_has_a_full_docstring() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvtier.config.units import parse_duration, parse_size
 from kvtier.spec import ConfigError, Option
+from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
 
 __all__ = ["OPTIONS", "REDIS_MAX_STRING", "Settings", "redact"]
 
@@ -62,13 +63,7 @@ OPTIONS: Mapping[str, Option] = {
         default="kvtier",
         check=_check_prefix,
     ),
-    "capacity": Option(
-        "size",
-        "Bytes of blocks held per namespace (sum of block sizes), e.g. 4GiB; the least "
-        "recently used blocks are evicted and handed to the tier below. Unset: unbounded.",
-        default=None,
-        check=_at_least(1),
-    ),
+    "capacity": but(CAPACITY, check=_at_least(1)),
     "max_block_size": Option(
         "size", "Refuse larger blocks (Redis strings hold at most 512MiB).", default="512MiB",
         check=_check_max_block_size,
@@ -77,19 +72,13 @@ OPTIONS: Mapping[str, Option] = {
     "password": Option(
         "str", "Password for AUTH; use ${REDIS_PASSWORD} in YAML.", default=None, secret=True
     ),
-    "connect_timeout": Option("duration", "Give up connecting after this long.", default="5s"),
-    "timeout": Option(
-        "duration", "Give up on one batch after this long (also the wait for a free connection).",
-        default="30s",
-    ),
+    "connect_timeout": but(CONNECT_TIMEOUT, default="5s"),
+    "timeout": but(TIMEOUT, default="30s"),
     "retries": Option(
         "int", "Resend a batch after a connection error or timeout this many times.", default=1,
         check=_at_least(0),
     ),
-    "max_connections": Option(
-        "int", "Connections to Redis at most; threads beyond wait for a free one.", default=16,
-        check=_at_least(1),
-    ),
+    "max_connections": but(CONCURRENCY, default=16),
     "batch_bytes": Option(
         "size", "Block bytes per put script; larger puts are split, still one round trip.",
         default="64MiB",
