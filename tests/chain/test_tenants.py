@@ -357,3 +357,23 @@ def test_scrub_opens_sealed_blocks_and_never_removes_what_it_cannot_open(
     code, tier = scrub(config("none"), "--repair")
     assert code == 0 and tier["corrupt"] == []
     assert sorted(block_files(root, ns.hex)) == sorted(KEYS[:4])
+
+
+def test_two_tenants_on_one_redis_server_never_share_a_block(tmp_path: Path) -> None:
+    """kvtier-redis keeps tenants apart as it keeps namespaces apart: no change needed."""
+    pytest.importorskip("kvtier_redis")
+    from redis_server import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        tier = {"name": "redis", "backend": "redis", "url": server.url(3)}
+        with open_tenants({"chain": [tier]}, MODEL) as tenants:
+            acme, beta = tenants.chain("acme"), tenants.chain("beta")
+            assert all(acme.put(KEYS[:3], [payload(i) for i in range(3)]))
+            assert all(beta.put(KEYS[:1], [payload(50)]))
+            assert get(acme, KEYS[:3]) == [payload(i) for i in range(3)]
+            assert get(beta, KEYS[:3]) == [payload(50), None, None]
+            assert corrupt(acme) == corrupt(beta) == 0
+    finally:
+        server.stop()
