@@ -27,7 +27,7 @@ from kvtier.block.buffers import joined, nbytes, own, parts_nbytes, scatter
 from kvtier.policies import NAMES, Policy, new_policy
 from kvtier.policies.sizing import SIZING_OPTION, Sizer
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
-from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
+from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
 from kvtier.spec.shared import CAPACITY, but, eviction
 
 __all__ = ["POLICIES", "HostBackend"]
@@ -123,7 +123,7 @@ def _prefault(nbytes: int) -> None:
     del pieces
 
 
-class HostBackend(PutParts, GetInto, Tamper, Scan):
+class HostBackend(PutParts, GetInto, Scan):
     """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -173,7 +173,7 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
                 max_block_size=None if self._max_block_size is None else self._limit,
                 capacity=None if policy is None else policy.capacity,
                 reports_evictions=True,
-                extra={"eviction": self._eviction},
+                eviction=self._eviction,
             )
 
     def _stats(self) -> dict[str, int | float]:
@@ -244,7 +244,9 @@ class HostBackend(PutParts, GetInto, Tamper, Scan):
                     del blocks[key]
             return removed
 
-    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
+        self.ensure_open()
         with self._lock:
             policy, blocks = self._live(), self._blocks
             old = blocks.get(key)

@@ -15,7 +15,7 @@ on nothing else of it.
 
 from __future__ import annotations
 
-from . import hookspecs
+from . import deprecated, hookspecs
 from .base import BlockStore, Evicted, GetInto, PutParts, Scan, Tamper
 from .batch import Failed, check_batch, first_positions, map_batch, run_batch
 from .errors import (
@@ -39,7 +39,7 @@ from .hookspecs import (
     hookimpl,
     hookspec,
 )
-from .types import Capabilities, Option, OptionType, Renamed, ScanEntry
+from .types import Capabilities, CapacityScope, Option, OptionType, Renamed, ScanEntry
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -49,6 +49,7 @@ __all__ = [
     "BlockStore",
     "BytesLike",
     "Capabilities",
+    "CapacityScope",
     "ClosedError",
     "ConfigError",
     "ConnectionClosedError",
@@ -60,16 +61,17 @@ __all__ = [
     "KvtierError",
     "Option",
     "OptionType",
-    "Renamed",
     "PluginError",
     "ProtocolError",
     "PutParts",
     "RefusedError",
+    "Renamed",
     "Scan",
     "ScanEntry",
-    "Tamper",
+    "Tamper",  # deprecated, for one release: see kvtier.spec.deprecated
     "VersionMismatchError",
     "check_batch",
+    "deprecated",
     "first_positions",
     "hookimpl",
     "hookspec",

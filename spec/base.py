@@ -19,7 +19,10 @@ A subclass writes ``_open``, ``_close``, ``_capabilities``, ``_put``,
 each called only while the instance is open and with a non-empty batch.
 The optional fast paths are mixins a backend adds only when it has them, so
 that it is not reported as having a hook it lacks: :class:`PutParts`,
-:class:`GetInto`, :class:`Tamper` and :class:`Scan`.
+:class:`GetInto` and :class:`Scan`.  Raw access for the conformance kit is
+no hook: a plain method ``kit_tamper`` (:class:`kvtier.testing.RawAccess`);
+the mixin ``Tamper`` that made the old hook is importable from here for one
+release (:mod:`kvtier.spec.deprecated`).
 
 The base makes no lock of its own for the data path: it checks the state
 on entry, so a call racing ``close`` may still reach the backend, which
@@ -36,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequen
 from typing import Any, ClassVar
 
 from .batch import check_batch, first_positions
+from .deprecated import Tamper
 from .errors import ClosedError, KvtierError
 from .hookspecs import BytesLike, hookimpl
 from .types import Capabilities, Option, ScanEntry
@@ -223,18 +227,6 @@ class GetInto(BlockStore):
         self.ensure_open()
         check_batch(keys, buffers, "scatter lists")
         return self._get_into(keys, buffers) if keys else []
-
-
-class Tamper(BlockStore):
-    """Mixin: ``kvtier_tamper``, for the conformance kit; write ``_tamper``."""
-
-    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
-        raise NotImplementedError
-
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
-        self.ensure_open()
-        return self._tamper(key, transform)
 
 
 class Scan(BlockStore):

@@ -54,13 +54,18 @@ Every hook that answers is a pluggy *first-result* hook: the first non-None
 answer is the answer, so one backend instance answers each call alone.
 ``kvtier_scan`` (contract 1.1) lets operators' tools (``kvtier inspect``,
 ``scrub``, ``purge``) list what a store holds.
+
+Raw access to the stored bytes, which the conformance kit's ``corruption``
+group needs, is no hook: the chain never asks for it.  It is the kit's
+business (:class:`kvtier.testing.RawAccess`); the hook ``kvtier_tamper``
+that gave it is in :mod:`kvtier.spec.deprecated` for one release.
 """
 
 # mypy: disable-error-code="empty-body"
 # Hook specs are signatures and docstrings only; pluggy never calls them.
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, MutableSequence, Sequence
+from collections.abc import Iterator, Mapping, MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -302,27 +307,6 @@ def kvtier_get_into(
         block has been written across them in order; when it differs the
         buffers' content is unspecified and kvtier falls back to
         ``kvtier_get`` for that key.
-    """
-
-
-# -------------------------------------------------------------------------
-# optional: for the conformance kit
-# -------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def kvtier_tamper(key: bytes, transform: Callable[[bytes], bytes]) -> bool | None:
-    """For the conformance kit only: rewrite a stored block raw.
-
-    Replace the stored bytes ``b`` of ``key`` by ``transform(b)``, bypassing
-    the backend's own bookkeeping (sizes in an index, caches), the way bit
-    rot or a truncating crash would.  Never called on the data path.
-
-    :param key: one key.
-    :param transform: a function from the stored bytes to the bytes to store.
-    :return: ``True`` if the key was stored and has been rewritten, ``False``
-        if it was not stored.  Backends without it skip the kit's corruption
-        group.
     """
 
 

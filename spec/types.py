@@ -6,7 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["Capabilities", "Option", "OptionType", "Renamed", "ScanEntry"]
+__all__ = ["Capabilities", "CapacityScope", "Option", "OptionType", "Renamed", "ScanEntry"]
+
+#: What one capacity bounds; see :attr:`Capabilities.capacity_scope`.
+CapacityScope = Literal["namespace", "shard", "pool", "process"]
 
 OptionType = Literal["str", "int", "float", "bool", "size", "size_or_percent", "duration",
                      "list", "map"]
@@ -56,13 +59,32 @@ class Capabilities:
     #: Answered for the default options before ``kvtier_open`` as well.
     framed_only: bool = False
     #: Free-form facts for people, shown by ``kvtier backends`` as
-    #: ``key=value``; kvtier never acts on them.  Keep keys short and values
-    #: plain (str, int, float, bool).  Names in use: ``eviction`` (``lru``,
-    #: ``arc``, ``age``), ``capacity_scope`` (``namespace``, ``shard``).  The
-    #: kit reads one: with a capacity, ``eviction=lru`` and a
-    #: ``capacity_scope`` of ``namespace`` (or none), its ``recency`` group
-    #: checks that a lookup does not save a block from eviction.
+    #: ``key=value``; neither kvtier nor its kit acts on them.  Keep keys
+    #: short and values plain (str, int, float, bool): ``io_threads``,
+    #: ``store``.  What the kit reads is a field of its own (``eviction``,
+    #: ``capacity_scope``); for one release the kit still reads those two
+    #: from here when the fields are left at their defaults, and warns.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: How the capacity chooses what it pushes out, by the policy's name:
+    #: ``"lru"`` (the least recently used first; ``kvtier_get``,
+    #: ``kvtier_get_into`` and a put of a stored key are uses, a lookup and
+    #: a scan are not), ``"arc"``, ``"s3fifo"``, ``"adaptive"``, ``"fifo"``
+    #: (the oldest put first, whatever was read since), or a name of the
+    #: backend's own; ``None`` where it does not say, or evicts nothing.
+    #: With a capacity, ``"lru"`` and a ``capacity_scope`` of
+    #: ``"namespace"`` or ``"process"``, the kit's ``recency`` group checks
+    #: what is a use.  Shown by ``kvtier backends``.
+    eviction: str | None = None
+    #: What one capacity bounds.  ``"namespace"``: the blocks of the
+    #: namespace the instance was opened with, for every instance of the
+    #: store together (the contract's rule, see ``shared``).  ``"shard"``:
+    #: each shard of a store spread over several holds its share, and
+    #: evicts its own oldest, not the namespace's (Redis Cluster).
+    #: ``"pool"``: every namespace of the store together (an ``fs`` pool).
+    #: ``"process"``: each process its own, not counting the blocks other
+    #: processes store (``fs`` on a remote URL): the kit's ``shared`` group
+    #: then skips its capacity check.  Meaningless without a capacity.
+    capacity_scope: CapacityScope = "namespace"
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from kvtier.spec import (
     first_positions,
     map_batch,
 )
-from kvtier.spec.base import Evicted, Scan, Tamper
+from kvtier.spec.base import Evicted, Scan
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but, eviction
 
 from .faults import Bucket, first_line
@@ -129,7 +129,7 @@ _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
 
 
-class ObjectBackend(Tamper, Scan):
+class ObjectBackend(Scan):
     """Blocks as objects in an S3-compatible bucket."""
 
     name = "object"
@@ -247,8 +247,8 @@ class ObjectBackend(Tamper, Scan):
             thread_safe=True,
             capacity=self._capacity,
             reports_evictions=False,
-            extra={"store": "s3", "conditional_put": self._conditional,
-                   "eviction": self._eviction},
+            eviction=self._eviction,
+            extra={"store": "s3", "conditional_put": self._conditional},
         )
 
     def _stats(self) -> Mapping[str, int | float]:
@@ -430,7 +430,9 @@ class ObjectBackend(Tamper, Scan):
             gone.discard(key)  # a repeated key was removed by its first mention
         return out
 
-    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
+        self.ensure_open()
         # raw GET, transform, overwriting PUT: no cache, no index, no condition
         store = self._live_store()
         path = self._path(key)

@@ -40,6 +40,10 @@ def _capability_text(caps: Capabilities) -> str:
     ]
     if caps.max_block_size:
         flags.append(f"max_block={caps.max_block_size}")
+    if caps.eviction is not None:
+        flags.append(f"eviction={caps.eviction}")
+    if caps.capacity_scope != "namespace":  # the contract's rule goes without saying
+        flags.append(f"capacity_scope={caps.capacity_scope}")
     flags.extend(f"{k}={v}" for k, v in caps.extra.items())
     return ", ".join(flags) or "-"
 

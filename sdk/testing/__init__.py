@@ -13,7 +13,10 @@ Subclass :class:`BackendTests` in a test module (pytest collects classes named
         def backend_options(self, tmp_path):
             return {"path": str(tmp_path), "capacity": "16MiB"}
 
-or run ``kvtier conformance NAME --option KEY=VALUE``.  The pytest plugin
+or run ``kvtier conformance NAME --option KEY=VALUE``.  The ``corruption``
+group needs raw access to the stored bytes: a backend's ``kit_tamper``
+method (:class:`RawAccess`), or ``tamper`` overridden in the test class
+(:mod:`kvtier.testing.raw`).  The pytest plugin
 (:mod:`kvtier.testing.plugin`) is registered through the ``pytest11`` entry
 point and adds the ``kvtier_group`` marker and ``--kvtier-group``.
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from .base import KitBackend, KitBase
     from .data import block_for, key_of, size_for
     from .groups import GROUPS
+    from .raw import RawAccess
     from .stateful import DictModel
     from .suite import BackendTests
 
@@ -43,6 +47,7 @@ __all__ = [
     "DictModel",
     "KitBackend",
     "KitBase",
+    "RawAccess",
     "block_for",
     "key_of",
     "size_for",
@@ -54,6 +59,7 @@ _WHERE = {
     "DictModel": "stateful",
     "KitBackend": "base",
     "KitBase": "base",
+    "RawAccess": "raw",
     "block_for": "data",
     "key_of": "data",
     "size_for": "data",

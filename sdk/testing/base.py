@@ -26,6 +26,7 @@ from kvtier.spec import BytesLike, Capabilities, PluginError, ScanEntry, hookspe
 
 from .footprint import Footprint
 from .groups import GROUPS, missing_capability
+from .raw import RAW_ACCESS, backend_tamper
 from .resolve import resolve_backend, validate_options
 
 __all__ = ["KitBackend", "KitBase", "hook_names", "kit_group"]
@@ -205,7 +206,14 @@ class KitBackend:
         return entries
 
     def tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
-        return self.handle.tamper(key, transform)
+        """The backend's own raw access (:mod:`kvtier.testing.raw`).
+
+        The kit's groups call ``KitBase.tamper``, which a test class may override.
+        """
+        tamper = backend_tamper(self.handle.instance)
+        if tamper is None:
+            raise PluginError(f"backend {self.label!r} gives the kit no raw access (kit_tamper)")
+        return tamper(key, transform)
 
     def close(self) -> None:
         """Close the instance (once: a second call is the lifecycle group's business)."""
@@ -283,7 +291,10 @@ class KitBase:
         try:
             self.store = self.open_backend()
             self.caps = self.store.caps
-            reason = missing_capability(group, self.backend, self.caps, self.store.hooks)
+            hooks = self.store.hooks
+            if self.has_raw_access(self.store.handle.instance):
+                hooks |= {RAW_ACCESS}
+            reason = missing_capability(group, self.backend, self.caps, hooks)
         except BaseException:
             self._close_all()
             raise
@@ -356,6 +367,31 @@ class KitBase:
     def remember_stored(self, namespace: str, keys: Sequence[bytes]) -> None:
         """Record keys stored behind the kit's back (a chain, a child process) for teardown."""
         self._footprint.add(namespace, keys)
+
+    # raw access, for the corruption group ---------------------------------------
+    def tamper(self, instance: object, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        """Replace the stored bytes ``b`` of ``key`` by ``transform(b)``, behind the backend's back.
+
+        ``instance`` is the backend object (``store.handle.instance``, or a
+        chain's tier's ``handle.instance``), open in this test's namespace.
+        Answer ``True`` if the key was stored and has been rewritten,
+        ``False`` if it was not stored.  Override it where the backend gives
+        no raw access of its own, reaching the store itself as zarr's
+        ``StoreTests.set`` does (the files under ``self.options``, a client
+        of the server): what ``kvtier_get`` serves next must be the damaged
+        bytes.  The default asks the backend (:mod:`kvtier.testing.raw`).
+        """
+        tamper = backend_tamper(instance)
+        if tamper is None:
+            raise NotImplementedError(
+                f"backend {self.backend!r} gives the kit no raw access: write kit_tamper "
+                f"(kvtier.testing.RawAccess) or override {type(self).__name__}.tamper"
+            )
+        return tamper(key, transform)
+
+    def has_raw_access(self, instance: object) -> bool:
+        """Whether :meth:`tamper` reaches ``instance``'s stored bytes (overridden, or its own)."""
+        return type(self).tamper is not KitBase.tamper or backend_tamper(instance) is not None
 
     # helpers for groups and for authors' own tests ------------------------------
     def new_backend(self) -> KitBackend:

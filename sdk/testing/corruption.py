@@ -2,9 +2,10 @@
 
 The chain frames every block with a header and checksum
 (:mod:`kvtier.block.framing`); here the kit damages the raw stored bytes
-through ``kvtier_tamper`` and checks that the chain over this backend turns
+through the kit's raw access (:meth:`~kvtier.testing.BackendTests.tamper`,
+:mod:`kvtier.testing.raw`) and checks that the chain over this backend turns
 each kind of damage into a counted miss, while the neighbours still read
-back exactly.  A backend passes when its tamper hook really reaches what
+back exactly.  A backend passes when its raw access really reaches what
 ``kvtier_get``/``kvtier_get_into`` serve (no cache hides the damage) and it
 serves whatever bytes it holds, whatever their length.
 """
@@ -59,7 +60,7 @@ DAMAGES = list(_damages(b"", b""))
 
 @kit_group("corruption")
 class CorruptionTests(KitBase):
-    """Runs when the backend implements ``kvtier_tamper``."""
+    """Runs when the kit has raw access to the backend: ``kit_tamper``, or ``tamper`` overridden."""
 
     def _corruption_count(self, chain: Chain) -> int:
         return int(chain.stats()["tiers"][0]["corrupt"])
@@ -73,11 +74,14 @@ class CorruptionTests(KitBase):
         assert chain.put(keys, blocks) == [True] * 4, "a chain over the backend refused 4 puts"
         chain.flush()
         handle = chain.tiers[0].handle
+        instance = handle.instance
         victim, other = keys[1], keys[2]
         (other_stored,) = handle.get([other])
         assert other_stored is not None, f"{other!r} was put through the chain but is not stored"
         transform = _damages(chain.namespace.fingerprint, bytes(other_stored))[damage]
-        assert handle.tamper(victim, transform) is True, "kvtier_tamper of a stored key: not True"
+        assert self.tamper(instance, victim, transform) is True, (
+            "tamper of a stored key: not True"
+        )
 
         before = self._corruption_count(chain)
         out = bytearray(SIZE)
@@ -92,7 +96,9 @@ class CorruptionTests(KitBase):
         # stored and damaged again, for the other read path
         assert chain.put([victim], [blocks[1]]) == [True], "a chain over the backend refused a put"
         chain.flush()
-        assert handle.tamper(victim, transform) is True, "kvtier_tamper of a stored key: not True"
+        assert self.tamper(instance, victim, transform) is True, (
+            "tamper of a stored key: not True"
+        )
         assert chain.get_bytes([victim]) == [None], (
             f"{damage}: Chain.get_bytes served a damaged block as data"
         )
@@ -110,6 +116,5 @@ class CorruptionTests(KitBase):
             assert got == want, f"{damage}: get_bytes({key!r}) returned {describe(want, got)}"
 
     def test_tamper_of_an_unknown_key_answers_false(self) -> None:
-        assert self.store.tamper(key_of("tamper", 99), lambda b: b) is False, (
-            "kvtier_tamper of a key never stored must answer False"
-        )
+        answer = self.tamper(self.store.handle.instance, key_of("tamper", 99), lambda b: b)
+        assert answer is False, f"tamper of a key never stored answered {answer!r}, not False"

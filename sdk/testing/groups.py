@@ -10,10 +10,13 @@ decorated with :func:`kvtier.testing.base.kit_group` added to
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from kvtier.spec import Capabilities
+
+from .raw import RAW_ACCESS
 
 __all__ = [
     "CHAIN_OF_ONE",
@@ -22,7 +25,9 @@ __all__ = [
     "REQUIREMENTS",
     "SETTINGS",
     "Gate",
+    "capacity_scope_of",
     "declares",
+    "eviction_of",
     "implements",
     "missing_capability",
 ]
@@ -74,8 +79,41 @@ def declares(flag: str) -> Gate:
 
 
 def implements(hook: str) -> Gate:
-    """A gate on an optional hook (``kvtier_tamper``) being implemented."""
+    """A gate on an optional hook (``kvtier_scan``) being implemented."""
     return Gate(hook, f"does not implement {hook}", lambda caps, hooks: hook in hooks)
+
+
+def _from_extra(caps: Capabilities, name: str) -> str:
+    # before eviction and capacity_scope were fields, backends declared them in
+    # extra; read there for one release, and say where they go now
+    warnings.warn(
+        f"Capabilities.extra[{name!r}] is deprecated and no longer read in the next release: "
+        f"declare Capabilities({name}=...), a field of its own",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return str(caps.extra[name])
+
+
+def eviction_of(caps: Capabilities) -> str | None:
+    """The eviction a backend declares: the field, or (deprecated) ``extra["eviction"]``."""
+    if caps.eviction is None and "eviction" in caps.extra:
+        return _from_extra(caps, "eviction")
+    return caps.eviction
+
+
+def capacity_scope_of(caps: Capabilities) -> str:
+    """What a backend's capacity bounds: the field, or (deprecated) ``extra["capacity_scope"]``."""
+    if caps.capacity_scope == "namespace" and "capacity_scope" in caps.extra:
+        return _from_extra(caps, "capacity_scope")
+    return caps.capacity_scope
+
+
+def _recency_applies(caps: Capabilities) -> bool:
+    # a capacity enforced per shard evicts the oldest of a shard, not of the namespace,
+    # and one per pool the oldest of every namespace; per process is per namespace here
+    return (caps.capacity is not None and eviction_of(caps) == "lru"
+            and capacity_scope_of(caps) in ("namespace", "process"))
 
 
 #: What a group needs the backend to declare or implement; groups not listed need nothing.
@@ -84,19 +122,20 @@ GATES: Mapping[str, Gate] = {
         "capacity=<bytes>", "declares no capacity", lambda caps, hooks: caps.capacity is not None
     ),
     "recency": Gate(
-        "capacity=<bytes>, extra eviction=lru",
-        "declares no capacity with extra eviction=lru over the namespace",
-        lambda caps, hooks: caps.capacity is not None
-        and caps.extra.get("eviction") == "lru"
-        # a capacity enforced per shard evicts the oldest of a shard, not of the namespace,
-        # and one per pool the oldest of every namespace; per process is per namespace here
-        and caps.extra.get("capacity_scope", "namespace") in ("namespace", "process"),
+        "capacity=<bytes>, eviction=lru",
+        "declares no capacity with eviction=lru over the namespace",
+        lambda caps, hooks: _recency_applies(caps),
     ),
     "persistence": declares("persistent"),
     "shared": declares("shared"),
     "crash_safety": declares("persistent"),
     "concurrency": declares("thread_safe"),
-    "corruption": implements("kvtier_tamper"),
+    "corruption": Gate(
+        "raw access (kit_tamper)",
+        "gives the kit no raw access to its stored bytes: no kit_tamper method "
+        "(kvtier.testing.RawAccess), and the test class does not override tamper",
+        lambda caps, hooks: RAW_ACCESS in hooks,
+    ),
     "scan": implements("kvtier_scan"),
     "framed": declares("framed_only"),
 }
@@ -110,7 +149,8 @@ def missing_capability(
 ) -> str | None:
     """Why ``group`` does not apply to a backend, or None when it does.
 
-    ``hooks`` names the hooks the instance implements.
+    ``hooks`` names the hooks the instance implements, and
+    :data:`~kvtier.testing.raw.RAW_ACCESS` when the kit has raw access to it.
     """
     gate = GATES.get(group)
     if gate is not None and not gate.holds(caps, hooks):

@@ -8,7 +8,8 @@ does one thing to the oldest block, puts one more block and sees which of
 the two oldest went.  Recency belongs to the instance's namespace: a use in
 another namespace (recency kept at class level, keyed by key alone) saves
 nothing here.  The group runs for a backend that declares a capacity and
-``extra["eviction"] == "lru"`` over the whole namespace.
+``eviction="lru"`` over the whole namespace (``capacity_scope`` ``namespace``
+or ``process``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import pytest
 
 from .base import KitBackend, KitBase, kit_group
 from .data import MIB, block_for, describe, key_of, size_for
+from .groups import capacity_scope_of
 
 __all__ = ["SharedTests"]
 
@@ -84,7 +85,7 @@ class SharedTests(KitBase):
         cap = self.caps.capacity
         if cap is None:
             pytest.skip(f"backend {self.backend!r} declares no capacity")
-        if self.caps.extra.get("capacity_scope") == "process":
+        if capacity_scope_of(self.caps) == "process":
             pytest.skip(f"backend {self.backend!r} declares capacity_scope=process: each "
                         "process bounds its own capacity")
         if cap > MAX_FILLED:

@@ -31,7 +31,7 @@ import kvtier
 from kvtier.config import load_config
 from kvtier.plugins.registry import ENTRY_POINT_GROUP, BackendRegistry
 from kvtier.spec import CONTRACT_VERSION, BackendError, ClosedError, ConfigError, KvtierError
-from kvtier.testing import GROUPS, BackendTests
+from kvtier.testing import GROUPS, BackendTests, RawAccess
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "0123456789abcdef0123456789abcdef"
@@ -139,7 +139,7 @@ def test_cli_certifies_the_redis_backend(redis_server: RedisServer, tmp_path: Pa
     assert report["options"] == {"url": url, "capacity": "4MiB"}
     assert report["totals"]["failed"] == 0 and report["totals"]["passed"] > 60
     assert set(report["groups"]) == set(GROUPS)
-    # with a capacity and kvtier_tamper, every group applies but framed (redis
+    # with a capacity and kit_tamper, every group applies but framed (redis
     # stores any bytes); only the checks of the two optional zero-copy hooks
     # and of blocks over the limits skip
     expected_skips = ("kvtier_put_parts", "kvtier_get_into", "limit of", "too large")
@@ -172,7 +172,7 @@ def test_entry_point_is_discovered() -> None:
     assert (info.distribution, info.version) == ("kvtier-redis", redis_backend_version)
     handle = registry.create("redis")
     assert type(handle.instance) is RedisBackend
-    assert handle.implements("kvtier_tamper")
+    assert isinstance(handle.instance, RawAccess) and not handle.implements("kvtier_tamper")
     assert not handle.implements("kvtier_put_parts") and not handle.implements("kvtier_get_into")
     assert {"url", "prefix", "capacity", "timeout", "password"} <= set(handle.options())
     assert handle.options()["password"].secret
@@ -487,7 +487,7 @@ def test_use_after_close_and_double_open(direct: str) -> None:
     backend.kvtier_close()
     for call in (
         lambda: backend.kvtier_put([b"k"], [b"v"], []),
-        lambda: backend.kvtier_tamper(b"k", lambda b: b),
+        lambda: backend.kit_tamper(b"k", lambda b: b),
         backend.kvtier_capabilities,
         lambda: backend.kvtier_open({"url": direct}, NS),
     ):

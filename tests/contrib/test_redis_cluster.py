@@ -96,7 +96,7 @@ class TestRedisClusterKit(BackendTests):
     def test_declares_the_shard_capacity(self) -> None:
         assert self.caps.capacity == 8 * 1024 * 1024
         assert self.caps.max_block_size == 2 * 1024 * 1024
-        assert self.caps.extra["capacity_scope"] == "shard"
+        assert self.caps.capacity_scope == "shard"
         assert self.caps.extra["shards"] == "4"
 
 

@@ -175,6 +175,7 @@ def test_implements_names_optional_hooks_and_refuses_unknown_names() -> None:
     from kvtier.plugins import default_registry
 
     handle = default_registry().create("host")
-    assert handle.implements("kvtier_put") and handle.implements("kvtier_tamper")
+    assert handle.implements("kvtier_put") and handle.implements("kvtier_scan")
+    assert not handle.implements("kvtier_tamper")  # deprecated, and host has kit_tamper
     with pytest.raises(ValueError, match="not a kvtier hook"):
         handle.implements("kvtier_teleport")

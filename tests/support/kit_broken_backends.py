@@ -1,10 +1,11 @@
 """A correct reference backend, and broken variants of it that the conformance kit must catch.
 
 :class:`DictBackend` keeps blocks in an ``OrderedDict`` (LRU order) with an
-optional byte capacity whose evictions it reports, implements
-``kvtier_tamper`` and ``kvtier_scan``, and persists to a directory when the ``dir`` option is set:
-one file per block, named by the key's hex, holding the block's bytes, written
-to a temporary name and renamed into place.  It is thread-safe.
+optional byte capacity whose evictions it reports, gives the kit raw access
+(``kit_tamper``), implements ``kvtier_scan``, and persists to a directory when
+the ``dir`` option is set: one file per block, named by the key's hex, holding
+the block's bytes, written to a temporary name and renamed into place.  It is
+thread-safe.
 
 Each variant below breaks one promise of the contract by overriding one small
 method, the way real bugs hide in one place.  ``tests/testing/test_kit.py`` runs the
@@ -96,7 +97,7 @@ class DictBackend:
             thread_safe=True,
             capacity=self._capacity,
             reports_evictions=True,
-            extra={"eviction": "lru"},
+            eviction="lru",
         )
 
     @hookimpl
@@ -152,8 +153,8 @@ class DictBackend:
         with self._guard():
             return [self._remove(key) for key in keys]
 
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        """Raw access for the kit (kvtier.testing.RawAccess): a plain method, no hook."""
         with self._guard():
             old = self._blocks.get(key)
             if old is None:
@@ -399,10 +400,9 @@ class ResurrectsAfterReopen(DictBackend):
 
 
 class TamperMissesCache(DictBackend):
-    """kvtier_tamper rewrites the file, but reads are served from memory: damage never shows."""
+    """kit_tamper rewrites the file, but reads are served from memory: damage never shows."""
 
-    @hookimpl
-    def kvtier_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         with self._guard():
             old = self._blocks.get(key)
             if old is None:

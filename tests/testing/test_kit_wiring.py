@@ -15,6 +15,7 @@ from kvtier.testing.base import kit_group
 from kvtier.testing.crash import spread_points
 from kvtier.testing.groups import GATES, declares, implements, missing_capability
 from kvtier.testing.locations import FreshLocations
+from kvtier.testing.raw import RAW_ACCESS
 
 TESTS_DIR = Path(__file__).resolve().parents[1] / "support"
 
@@ -27,9 +28,12 @@ def test_gates_are_predicates_with_the_words_reports_show() -> None:
     )
     assert missing_capability("capacity", "x", caps, ()) == "backend 'x' declares no capacity"
     assert missing_capability("corruption", "x", caps, ()) == (
-        "backend 'x' does not implement kvtier_tamper"
+        "backend 'x' gives the kit no raw access to its stored bytes: no kit_tamper method "
+        "(kvtier.testing.RawAccess), and the test class does not override tamper"
     )
-    assert missing_capability("corruption", "x", caps, {"kvtier_tamper"}) is None
+    assert missing_capability("corruption", "x", caps, {RAW_ACCESS}) is None
+    # the deprecated hook counts through the kit's raw access, not as a hook name
+    assert missing_capability("corruption", "x", caps, {"kvtier_tamper"}) is not None
     assert missing_capability("concurrency", "x", caps, ()) is None
     assert missing_capability("capacity", "x", Capabilities(capacity=10), ()) is None
     assert GATES["crash_safety"].needs == "persistent=True"

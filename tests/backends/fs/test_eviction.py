@@ -171,7 +171,7 @@ class TestFsS3FifoLedger(CapacityTests):
 def test_the_sizing_miniatures_run_the_tier_s_policy(
         local_url: str, opener: Opener, path: str) -> None:
     tier = open_tier(opener, local_url, path, "s3fifo")
-    assert tier.capabilities().extra["eviction"] == "s3fifo"
+    assert tier.capabilities().eviction == "s3fifo"
     assert tier.put([b"k"], [b"v" * 3_100], []) == [True]  # the miniatures start here
     sizer = tier.instance._sizing._sizer
     assert sizer is not None and sizer.eviction == "s3fifo"

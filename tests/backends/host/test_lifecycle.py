@@ -16,8 +16,9 @@ from kvtier.spec import ClosedError, ConfigError, KvtierError
 def test_entry_point_options_and_hooks() -> None:
     handle = default_registry().create("host")
     assert handle.info.value == "kvtier.backends.host:HostBackend"
-    optional = ("kvtier_put_parts", "kvtier_get_into", "kvtier_tamper")
+    optional = ("kvtier_put_parts", "kvtier_get_into", "kvtier_scan")
     assert all(handle.implements(hook) for hook in optional)
+    assert callable(handle.instance.kit_tamper)  # the kit's raw access, no hook
     opts = handle.options()
     assert set(opts) == {"capacity", "eviction", "max_block_size", "prefault", "sizing_sample"}
     assert opts["sizing_sample"].type == "float" and opts["sizing_sample"].default == 0.01
@@ -36,7 +37,7 @@ def test_capabilities_and_initial_stats(eviction: str) -> None:
     caps = handle.capabilities()
     assert (caps.persistent, caps.shared, caps.thread_safe) == (False, False, True)
     assert caps.capacity == 1000 and caps.max_block_size == 300
-    assert caps.reports_evictions and caps.extra == {"eviction": eviction}
+    assert caps.reports_evictions and caps.eviction == eviction and caps.extra == {}
     stats = dict(handle.stats())
     expected = {"used_bytes": 0, "blocks": 0, "capacity_bytes": 1000, "evictions": 0}
     if eviction == "arc":

@@ -146,8 +146,8 @@ def test_a_hot_set_survives_a_scan_only_under_s3fifo(
 
 def test_eviction_is_checked_and_declared(open_object: Opener) -> None:
     tier = open_object(capacity=10_000, eviction="s3fifo", **QUIET)
-    assert tier.capabilities().extra["eviction"] == "s3fifo"
-    assert open_object(**QUIET).capabilities().extra["eviction"] == "fifo"
+    assert tier.capabilities().eviction == "s3fifo"
+    assert open_object(**QUIET).capabilities().eviction == "fifo"
     with pytest.raises(ConfigError, match="fifo"):
         open_object(capacity=10_000, eviction="lru", **QUIET)
 

@@ -12,7 +12,7 @@ first, then one data key per block:
 ``KEYS[4..]`` the data keys, ``<prefix>:<namespace>:b:<user key>``
 
 Sizes are kept apart from the data so that the byte count stays right when a
-block's bytes change or vanish behind the backend's back (``kvtier_tamper``,
+block's bytes change or vanish behind the backend's back (the kit's ``kit_tamper``,
 an operator's ``DEL``).  Counters are bumped per block, not once at the end:
 a script stopped by an error (out of memory) keeps what it did before, and the
 count must cover exactly that.

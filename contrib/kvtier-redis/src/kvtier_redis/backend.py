@@ -37,14 +37,16 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
+from kvtier.block.buffers import nbytes
 from kvtier.spec import (
     BackendError,
     BytesLike,
     Capabilities,
+    CapacityScope,
     ConfigError,
     ScanEntry,
 )
-from kvtier.spec.base import Evicted, Scan, Tamper
+from kvtier.spec.base import Evicted, Scan
 
 from . import _scripts
 from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
@@ -89,11 +91,7 @@ def _as_buffer(block: BytesLike) -> bytes | bytearray | memoryview:
     return buffer
 
 
-def _nbytes(block: bytes | bytearray | memoryview) -> int:
-    return block.nbytes if isinstance(block, memoryview) else len(block)
-
-
-class RedisBackend(Tamper, Scan):
+class RedisBackend(Scan):
     """A Redis tier; see the module docstring and contrib/kvtier-redis/README.md.
 
     The lifecycle, batch checks and repeated keys are kvtier's ``BlockStore``.
@@ -119,12 +117,14 @@ class RedisBackend(Tamper, Scan):
             conn = self._conn
         # unopened (`kvtier backends`): the defaults, without I/O
         settings = Settings.parse({}) if conn is None else conn.settings
-        extra = {"eviction": "lru", "capacity_scope": "namespace"}
+        extra: dict[str, Any] = {}
+        scope: CapacityScope = "namespace"
         max_block_size = settings.max_block_size
         if not isinstance(conn, _Conn) and conn is not None:
             # a block must fit in its shard's share of the capacity
             max_block_size = conn.limit
-            extra.update(capacity_scope="shard", shards=str(conn.shards))
+            scope = "shard"
+            extra["shards"] = str(conn.shards)
         return Capabilities(
             # blocks outlive the instance (and any one client process) on the
             # server; surviving a server restart is Redis' own persistence setting
@@ -134,6 +134,8 @@ class RedisBackend(Tamper, Scan):
             max_block_size=max_block_size,
             capacity=settings.capacity,
             reports_evictions=True,
+            eviction="lru",
+            capacity_scope=scope,
             extra=extra,
         )
 
@@ -180,7 +182,7 @@ class RedisBackend(Tamper, Scan):
         chunk: list[int] = []
         chunk_bytes = 0
         for index, buffer in enumerate(buffers):
-            size = _nbytes(buffer)
+            size = nbytes(buffer)
             if size > settings.limit:
                 continue  # refused, which is not an error
             stored[index] = True
@@ -238,7 +240,9 @@ class RedisBackend(Tamper, Scan):
         ]
         return [bool(flag) for flags in self._run(conn, commands) for flag in flags]
 
-    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
+        self.ensure_open()
         conn = self._live()
         if not isinstance(conn, _Conn):
             return conn.tamper(key, transform)
