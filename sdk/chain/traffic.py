@@ -14,6 +14,7 @@ chain: the walk calls the traffic, not the other way round.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ from kvtier.block.framing import Checked, Codec, Header
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.policies.admission import Admission
-from kvtier.spec import BytesLike
+from kvtier.spec import BytesLike, CorruptBlockError
 
 __all__ = ["DEFAULT_BACKLOG_BYTES", "Emit", "Traffic", "Unsaved", "WriteKind"]
 
@@ -224,8 +225,15 @@ class Traffic:
                 parts = frame.parts
                 one = parts[0] if len(parts) == 1 else None
                 own = owned[j] = one if isinstance(one, bytes) else b"".join(parts)
+            if frame.header.key_id and not framing.kept_as(frame.header, codec):
+                # a sealed frame the tier above cannot keep: opened with the keys of
+                # the tier it came from (the tier above may have none), sealed anew
+                with contextlib.suppress(CorruptBlockError):  # else refused above, and counted
+                    payload = framing.decode(own, ns, keys[j], header=frame.header,
+                                             seal=self.tiers[source].seal).payload
+                    own = framing.encode(ns, keys[j], payload, codec)
             blobs.append(own)
-            headers.append(frame.header)
+            headers.append(frame.header if own is owned[j] else None)
         return blobs, headers
 
     # the writers ------------------------------------------------------------------

@@ -377,3 +377,25 @@ def test_two_tenants_on_one_redis_server_never_share_a_block(tmp_path: Path) -> 
             assert corrupt(acme) == corrupt(beta) == 0
     finally:
         server.stop()
+
+
+def test_sealed_frames_served_on_are_promoted_into_a_plaintext_tier(
+    tmp_path: Path, master_keys: list[str]
+) -> None:
+    """get_blobs (what kvtier serve sends) promotes frames as read: a sealed one is
+    opened with the keys of the tier it came from, and stored in plaintext above."""
+    ram = {"name": "ram", "backend": "host", "capacity": "64MiB"}
+    cfg = {"chain": [ram, fs_tier(tmp_path / "root", encrypt=master_keys[0])]}
+    with open_tenants(cfg, MODEL) as tenants:
+        chain = tenants.chain("acme")
+        assert all(chain.put(KEYS[:3], [payload(i) for i in range(3)]))
+        chain.flush()
+        assert chain.tiers[0].evict(KEYS[:3]) == [True] * 3
+        blobs = chain.get_blobs(KEYS[:3])
+        assert all(b is not None and header_fields(bytes(b))[9] for b in blobs)
+        chain.flush()
+        assert chain.tiers[0].lookup(KEYS[:3]) == [True] * 3
+        assert corrupt(chain) == 0
+        held = chain.tiers[0].get_blobs(KEYS[:3])
+        assert all(b is not None and not header_fields(bytes(b))[9] for b in held)
+        assert get(chain, KEYS[:3]) == [payload(i) for i in range(3)]
