@@ -9,8 +9,10 @@ builds one by name (:func:`new_policy`); a backend declares which of them it
 offers with :func:`supported`.  One module per policy: :mod:`.lru`,
 :mod:`.arc`, :mod:`.s3fifo` and :mod:`.adaptive` (which follows whichever of
 the other three hits most).  Beside them are the miniature simulations of
-online sizing (:mod:`.sizing`) and the chain's admission sketch to the tiers
-below the first (:mod:`.admission`).
+online sizing (:mod:`.sizing`), the chain's admission sketch to the tiers
+below the first (:mod:`.admission`), and :class:`Partitioned`
+(:mod:`.partitions`), several partitions with quotas in one capacity, each
+with a policy of its own.
 
 The host tier, the fs and object tiers (and the fs pool's SQL S3-FIFO,
 checked against :class:`S3Fifo`), ``kvtier plan``, vLLM's ``CachePolicy``
@@ -26,8 +28,9 @@ from .adaptive import Adaptive
 from .arc import Arc
 from .base import Accounting, Policy
 from .lru import Lru
+from .partitions import Partitioned
 from .registry import NAMES, POLICIES, new_policy, supported
 from .s3fifo import S3Fifo
 
-__all__ = ["NAMES", "POLICIES", "Accounting", "Adaptive", "Arc", "Lru", "Policy", "S3Fifo",
-           "new_policy", "supported"]
+__all__ = ["NAMES", "POLICIES", "Accounting", "Adaptive", "Arc", "Lru", "Partitioned", "Policy",
+           "S3Fifo", "new_policy", "supported"]

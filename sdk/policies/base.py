@@ -9,16 +9,16 @@ Keys are ``bytes`` (``kvtier plan`` replays ``int`` keys: any hashable key
 works, and :mod:`.adaptive` hashes both).  Sizes are bytes; a caller that
 counts blocks of one size passes 1 (vLLM's CPU tier).
 
-Partitions (per-tenant quotas and retention inside one tier) are meant to
-compose, not to widen this protocol: a partitioned policy is itself a
+Partitions (per-tenant quotas and retention inside one tier) compose rather
+than widen this protocol: :class:`~kvtier.policies.Partitioned` is itself a
 :class:`Policy` that holds one policy per partition (each with the
 partition's quota as its capacity) and a map from key to partition.  Its
 ``admit`` lets the key's own partition evict first (its quota), then, while
 the whole tier is over its capacity, takes victims from the partition most
-over its share; its ``used`` is the sum, and it adds ``used_by(partition)``.
-So every method here stays about keys and sizes, a key belongs to one
-partition for its life (a tenant's keys are namespaced), and the eviction
-order inside a partition is the chosen policy's own.
+beyond its share; its ``used`` is the sum, and it adds ``used_by(partition)``
+and ``limit(key)``.  So every method here stays about keys and sizes, a key
+belongs to one partition for its life (a tenant's keys are namespaced), and
+the eviction order inside a partition is the chosen policy's own.
 """
 
 from __future__ import annotations
