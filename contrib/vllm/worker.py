@@ -52,7 +52,7 @@ def _runs(blocks: np.ndarray, slots: np.ndarray, bpc: int) -> list[tuple[int, in
     """``(first block, chunk, position in chunk, count)`` for each stretch of blocks
     that are consecutive both in the engine and in the host region.
 
-    One ``copy_`` per stretch instead of one indexed copy per block: torch's
+    One copy per stretch instead of one indexed copy per block: torch's
     indexed copy of int8 pages moves a byte at a time, several times slower
     than a strided memcpy.
     """
@@ -67,6 +67,19 @@ def _runs(blocks: np.ndarray, slots: np.ndarray, bpc: int) -> list[tuple[int, in
         (int(blocks[s]), int(slots[s]) // bpc, int(slots[s]) % bpc, int(e - s))
         for s, e in zip(starts, ends)
     ]
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy ``src`` into ``dst`` (int8 views of one shape) in this thread, with numpy.
+
+    torch's ``copy_`` splits a large copy over its intra-op (OpenMP) threads,
+    which on vLLM's CPU build are the model's own: on two busy cores the copy
+    of a 2048-token prompt's 128 MiB into the engine's KV cache waited on
+    descheduled threads, 246 ms median and up to 2.0 s, against 101 ms (at
+    most 229 ms) for this copy in the same run (BENCHMARKS.md, "Where a
+    hit's time goes").  A copy in the calling thread waits only for memory.
+    """
+    np.copyto(dst.numpy(), src.numpy())
 
 
 class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
@@ -170,9 +183,9 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
                     else:  # consecutive blocks of one chunk
                         h = host[chunk, part : part + count, :n]
                     if to_host:
-                        h.copy_(e)
+                        _copy(h, e)
                     else:
-                        e.copy_(h)
+                        _copy(e, h)
                 nbytes += size * n
             engine_pos += size
             chunk_pos += num_chunks
