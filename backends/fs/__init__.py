@@ -19,7 +19,8 @@ at open from the file a local tier leaves at close
 (:mod:`kvtier.backends.fs.index`), or by walking the tree.  On a local root
 opened with ``capacity`` or ``min_free`` the bounds are kept by a shared index
 instead (:mod:`kvtier.backends.fs.pool`), one for every process on the root;
-this process's index then only answers lookups.
+this process's index then only answers lookups.  Either way the backend calls
+one interface, :class:`~kvtier.backends.fs.room.Capacity` (:mod:`.room`).
 
 The rest of the package: :mod:`.options` declares the options, :mod:`.open`
 picks the store a URL gets, :mod:`.faults` tells a block's fault from the
@@ -37,10 +38,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 
 from kvtier.block.buffers import joined, nbytes
 from kvtier.policies.sizing import Sizing
@@ -48,7 +48,6 @@ from kvtier.spec import (
     BackendError,
     BytesLike,
     Capabilities,
-    CapacityScope,
     ConfigError,
     Failed,
     KvtierError,
@@ -56,7 +55,7 @@ from kvtier.spec import (
     map_batch,
     run_batch,
 )
-from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
+from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
 
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
@@ -66,8 +65,9 @@ from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
 from .open import open_store, redact
 from .options import OPTIONS
-from .pool import PoolStore, attach
+from .pool_capacity import open_capacity
 from .readonly import ReadOnlyStore
+from .room import Capacity, ProcessCapacity
 from .scan import scan_store
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -78,7 +78,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class FsBackend(PutParts, GetInto, Scan):
+class FsBackend(PutParts, GetInto, Tamper, Scan):
     """Blocks as files under a local directory or any fsspec URL.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -107,6 +107,9 @@ class FsBackend(PutParts, GetInto, Scan):
         # this process's gets and puts (under a shared pool too: its own traffic)
         self._sizing = Sizing()
         self._eviction = "lru"  # the option: the pool's order, or the ledger's
+        # what bounds the bytes (.room): this process's count, or the shared pool's
+        self._capacity: Capacity = ProcessCapacity(self._store, None)
+        self._ns = ""
 
     # lifecycle ------------------------------------------------------------
     def _open(self, options: Mapping[str, Any], namespace: str) -> None:
@@ -119,7 +122,6 @@ class FsBackend(PutParts, GetInto, Scan):
                 f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
             )
         read_only = options["read_only"]  # see .readonly: nothing written under the root
-        self._ledger.capacity = options["capacity"]
         self._threads = options["io_threads"]
         self._fsync = options["fsync"]
         store = open_store(url, options["storage_options"], namespace, self._url,
@@ -130,7 +132,7 @@ class FsBackend(PutParts, GetInto, Scan):
         try:
             store.create_root()
             store.probe()
-            store = attach(store, options, namespace)  # shared capacity: .pool
+            capacity = open_capacity(store, options, namespace)  # shared or not: .room
         except KvtierError:
             raise  # the pool's own: another eviction policy on the root
         except Exception as exc:
@@ -142,49 +144,39 @@ class FsBackend(PutParts, GetInto, Scan):
         if self._threads > 1:
             pool = ThreadPoolExecutor(self._threads, thread_name_prefix="kvtier-fs")
         with self._lock:
-            self._store, self._pool = store, pool
+            self._store, self._pool, self._capacity, self._ns = store, pool, capacity, namespace
         try:
             mapper = lambda fn, items: self._map(fn, items, "scan")  # noqa: E731
             found = load_tree(store, mapper)
+            capacity.adopt(found[0], self._ledger)  # before the ledger's own adopt
         except BaseException as exc:
             if pool is not None:
                 pool.shutdown(wait=True)
             self._pool = None
+            capacity.close()
             self._raise(exc, "scan")
-        if isinstance(store, PoolStore):  # before the ledger's adopt: it has no capacity
-            store.pool.adopt(found[0], store)
-            # the pool's, for every process together; this index only answers lookups
-            self._ledger.capacity, self._ledger.bound = None, store.pool.capacity
         self._eviction = options["eviction"]
-        # what the capacity bounds: per process where no pool counts for every process
-        self._scope = options["capacity_scope"] if isinstance(store, PoolStore) else "process"
-        self._adopt(*found)
-        self._sizing.start(store.pool.capacity if isinstance(store, PoolStore)
-                           else options["capacity"], options["sizing_sample"],
-                           eviction=self._eviction)
-
-    def _adopt(self, index: OrderedDict[bytes, int], stale: int, rescanned: int) -> None:
+        index, stale, rescanned = found
         with self._lock:
             self._ledger.adopt(index, self._eviction)
             self._stale_tmp_removed += stale
             self._leaves_rescanned = rescanned
+        self._sizing.start(capacity.limit, options["sizing_sample"], eviction=self._eviction)
 
     def _capabilities(self) -> Capabilities:
         with self._lock:
             if not self.is_open:
                 # never opened: describe a local directory, the usual case
                 return Capabilities(persistent=True, shared=True, thread_safe=True,
-                                    reports_evictions=True, eviction="lru")
+                                    reports_evictions=True, extra={"eviction": "lru"})
         return Capabilities(
             persistent=not self._store.memory,
             shared=not self._store.memory,
             thread_safe=True,
-            capacity=(self._store.pool.capacity if isinstance(self._store, PoolStore)
-                      else self._ledger.capacity),
+            capacity=self._capacity.limit,
             reports_evictions=True,
-            eviction=self._eviction,
-            capacity_scope=cast(CapacityScope, self._scope),  # checked by its Option
-            extra={"local": self._store.local, "io_threads": self._threads},
+            extra={"eviction": self._eviction, "local": self._store.local,
+                   "io_threads": self._threads, "capacity_scope": self._capacity.scope},
         )
 
     def _stats(self) -> Mapping[str, int | float]:
@@ -203,8 +195,7 @@ class FsBackend(PutParts, GetInto, Scan):
             }
             if ledger.capacity is not None:
                 stats["capacity_bytes"] = ledger.capacity
-        if isinstance(self._store, PoolStore):
-            stats.update(self._store.pool.stats())
+        stats.update(self._capacity.stats())  # the pool's truth, where one counts
         stats.update(self._sizing.stats())
         return stats
 
@@ -217,14 +208,15 @@ class FsBackend(PutParts, GetInto, Scan):
         # Every block answered True was renamed into place (or piped) before
         # put returned, so nothing is left to flush; just let workers finish.
         try:
-            if isinstance(self._store, LocalStore):  # for the next open: spares it a scan
+            # for the next open: spares it a scan; under a pool, written by the last process
+            # of the namespace to close (its bytes count in the capacity: .pool_files)
+            if isinstance(self._store, LocalStore) and self._capacity.snapshot_at_close():
                 save_or_warn(self._store, keys, sizes, self._fsync, self._url,
                              lambda fn, items: run_batch(pool, self._threads, fn, items))
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
-            if isinstance(self._store, PoolStore):
-                self._store.pool.close()
+            self._capacity.close()
 
     def _is_open(self) -> bool:
         return self.is_open
@@ -246,16 +238,12 @@ class FsBackend(PutParts, GetInto, Scan):
         self._sizing.stored(keys, sizes)
         return stored
 
-    def _write_blocks(
-        self,
-        keys: Sequence[bytes],
-        parts: Sequence[Sequence[BytesLike]],
-        sizes: list[int],
-        evicted: Evicted,
-    ) -> list[bool]:
+    def _write_blocks(self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]],
+                      sizes: list[int], evicted: Evicted) -> list[bool]:
         if isinstance(self._store, ReadOnlyStore):
             return [False] * len(keys)
-        if len(keys) == 1 and not isinstance(self._store, PoolStore):
+        capacity = self._capacity
+        if len(keys) == 1 and not capacity.shared:  # the ledger alone decides
             done = self._put_one(keys[0], parts[0], sizes[0])
             if done is not None:
                 return [done]
@@ -264,21 +252,27 @@ class FsBackend(PutParts, GetInto, Scan):
             if not self.is_open:
                 raise self.closed_error()
             results, plan, victims, first = ledger.plan(keys, sizes, self._is_open)
-        if isinstance(self._store, PoolStore):  # a put of a stored key is a use, as a get
+        if capacity.shared:  # a put of a stored key is a use, as a get
             again = set(range(len(keys))).difference(plan)
-            self._store.pool.touch([keys[i] for i in sorted(again) if results[i]])
+            capacity.used([keys[i] for i in sorted(again) if results[i]])
         if not plan and not victims:
             # all stored already (or refused): nothing to write, no second lock
             if first is not None:
                 for i, key in enumerate(keys):
                     results[i] = results[first[key]]
             return results
-        if isinstance(self._store, PoolStore):
-            plan = self._pool_place(keys, parts, sizes, plan, results, evicted)
-        store, fsync = self._store, self._fsync
+        if capacity.shared:
+            plan = self._place(keys, parts, sizes, plan, results, evicted)
+        store, fsync, settle = self._store, self._fsync, capacity.landed
 
         def write(i: int) -> int:
-            return store.write(keys[i], parts[i], fsync)
+            try:
+                size = store.write(keys[i], parts[i], fsync)
+            except BaseException:
+                settle(keys[i], None)  # the room it took is given back
+                raise
+            settle(keys[i], size)
+            return size
 
         try:
             if victims:
@@ -341,16 +335,14 @@ class FsBackend(PutParts, GetInto, Scan):
             ledger.admit(key, stored)
         return True
 
-    def _pool_place(
+    def _place(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], sizes: list[int],
         plan: list[int], results: list[bool], evicted: Evicted,
     ) -> list[int]:
-        """Take room in the shared pool (:mod:`.pool`) for the blocks ``plan`` writes;
+        """Take room in a shared capacity (:mod:`.room`) for the blocks ``plan`` writes;
         answer those to write.  A block refused is False, one the pool holds is True."""
-        store = self._store
-        assert isinstance(store, PoolStore)
-        verdicts = store.pool.reserve([keys[i] for i in plan], [sizes[i] for i in plan],
-                                      lambda victims: self._drop(victims, evicted))
+        verdicts = self._capacity.reserve([keys[i] for i in plan], [sizes[i] for i in plan],
+                                          lambda victims: self._drop(victims, evicted))
         kept = []
         with self._lock:
             for i, verdict in zip(plan, verdicts, strict=True):
@@ -369,9 +361,7 @@ class FsBackend(PutParts, GetInto, Scan):
     def _drop(self, victims: list[tuple[str, bytes]], evicted: Evicted) -> list[bool]:
         """Delete the pool's victims, whoever wrote them; answer which are gone.  Those
         of this namespace are read first and reported in ``evicted`` once gone."""
-        store = self._store
-        assert isinstance(store, PoolStore)
-        ns = store.pool.ns
+        store, ns = self._store, self._ns
         own = [key for space, key in victims if space == ns]
         total = 0
         with self._lock:
@@ -379,7 +369,7 @@ class FsBackend(PutParts, GetInto, Scan):
         try:
             # a fault of one file is a block fault (.faults): that victim stays, counted
             found = dict(zip(own, self._each(store.read, own, None, "evict")[0], strict=True))
-            gone = self._each(store.remove_victim, victims, False, "evict")[0]
+            gone = self._each(self._capacity.remove_victim, victims, False, "evict")[0]
             for (space, key), ok in zip(victims, gone, strict=True):
                 data = found.get(key) if space == ns and ok else None
                 if data is not None:  # None: unreadable, or deleted by an explicit evict
@@ -480,10 +470,9 @@ class FsBackend(PutParts, GetInto, Scan):
                 raise self.closed_error()
             self._ledger.doom(unique)
         try:
-            if isinstance(self._store, PoolStore):
-                self._store.pool.forget(unique)
+            self._capacity.forget(unique)
             # unlink even keys this process never saw: another may have written them
-            removed = self._each(self._store.remove, unique, False, "evict block")[0]
+            removed = self._each(self._capacity.remove, unique, False, "evict block")[0]
         finally:
             with self._lock:
                 self._ledger.undoom(unique)
@@ -496,23 +485,18 @@ class FsBackend(PutParts, GetInto, Scan):
 
     # operators ------------------------------------------------------------
     def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
-        def check() -> None:
-            self.ensure_open()
+        batches = scan_store(self._store, namespace, self.ensure_open)  # a bad name raises now
 
-        return self._faults_as_backend_errors(scan_store(self._store, namespace, check))
+        def faults_as_backend_errors() -> Iterator[list[ScanEntry]]:
+            try:
+                yield from batches
+            except BaseException as exc:
+                self._raise(exc, "scan")
 
-    def _faults_as_backend_errors(
-        self, batches: Iterator[list[ScanEntry]]
-    ) -> Iterator[list[ScanEntry]]:
-        try:
-            yield from batches
-        except BaseException as exc:
-            self._raise(exc, "scan")
+        return faults_as_backend_errors()
 
     # testing --------------------------------------------------------------
-    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
-        """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
-        self.ensure_open()
+    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         try:
             data = self._store.read(key)
             # raw rewrite in place, index untouched: like bit rot or a torn write
@@ -529,8 +513,7 @@ class FsBackend(PutParts, GetInto, Scan):
                 raise self.closed_error()
             known = self._ledger.touch(keys), self._ledger.deletions
         self._sizing.got(keys)
-        if isinstance(self._store, PoolStore):
-            self._store.pool.touch(keys)  # a use, whichever process wrote them
+        self._capacity.used(keys)  # under a pool: a use, whichever process wrote them
         return known
 
     def _reconcile(

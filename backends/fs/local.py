@@ -38,12 +38,15 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 class LocalStore(DirectIO, Store):
     local = True
+    #: Set by the shared pool (:mod:`.pool_capacity`), which truncates its victims so that
+    #: a reader holding one open keeps no room: a read then checks its file is still linked.
+    victims_truncated = False
 
     def evicted(self, fd: int) -> bool:
         """Whether the file open as ``fd`` was evicted while it was read, so that what was
-        read may be cut short or zeros: never here, where a file is only unlinked (its
-        reader keeps the whole block); the shared pool truncates its victims."""
-        return False
+        read may be cut short or zeros: never where a file is only unlinked (its reader
+        keeps the whole block); under the shared pool, once it is unlinked."""
+        return self.victims_truncated and os.fstat(fd).st_nlink == 0
 
     def create_root(self) -> None:
         os.makedirs(self.nsroot, exist_ok=True)

@@ -10,12 +10,12 @@ whole design; in short:
 
 - **Room is counted before a file is written.**  A transaction takes room
   for a batch and a credit for the next puts; a put the credit covers takes
-  no transaction, only a line in the process's journal (:mod:`.sharing`).
+  no transaction, only a line in the process's journal (:mod:`.pool_writers`).
   The next transaction, or the flusher thread (:meth:`SharedPool._flush_loop`),
   makes the rows of the writes landed, records the uses of gets, and gives
   back the credit of a process that stopped putting.  Block files, in flight or
   not, never exceed the room counted.
-- **One evictor at a time**, holding a lease (``pool_lease``); victims, in
+- **One evictor at a time** (:mod:`.pool_evictor`), holding a lease (``pool_lease``); victims, in
   the order of the root's ``eviction`` policy (:mod:`.pool_policy`), are
   marked ``D``, their files deleted, then their rows, each by one
   transaction.  The next holder first settles what a dead process left:
@@ -25,7 +25,15 @@ whole design; in short:
 
 On network filesystems SQLite's locks cannot be trusted and a sharer on
 another machine cannot be told dead by its pid: there the pool is not used
-and a warning says so.
+and a warning says so (:mod:`.mounts`).
+
+This module is the credit, the room taken and the rows made; its parts are
+the SQLite session (:mod:`.pool_db`), the evictor and its lease
+(:mod:`.pool_evictor`), what a dead process left (:mod:`.pool_dead`), each
+writer's journal (:mod:`.pool_writers`), the pool's own files counted in the
+capacity (:mod:`.pool_files`), the figures in ``stats()`` (:mod:`.pool_stats`),
+the options (:mod:`.pool_options`), and the backend's view of it, one
+:class:`~.room.Capacity` (:mod:`.pool_capacity`).
 """
 
 from __future__ import annotations
@@ -37,31 +45,30 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+
+from kvtier.spec import BackendError
 
 from .local import LocalStore
-from .pool_db import IndexReplaced, IndexSession
+from .pool_db import IndexReplaced, IndexSession, wal_limit
 from .pool_dead import ROW as _ROW
-from .pool_dead import settle_dead
+from .pool_evictor import Evictor
+from .pool_files import ALLOWANCE, own_files_bytes
+from .pool_options import DB_NAME, POOL_OPTIONS, parse_min_free
 from .pool_policy import PoolPolicy, prepare
-from .pool_store import PoolStore
-from .sharing import DB_NAME, POOL_OPTIONS, alive, journal_path, network_fs, parse_min_free
+from .pool_stats import pool_stats
+from .pool_writers import Journal, alive
+from .room import Drop
 
 log = logging.getLogger("kvtier.backends.fs")
 
-__all__ = ["DB_NAME", "POOL_OPTIONS", "PoolStore", "SharedPool", "attach", "network_fs"]
+__all__ = ["DB_NAME", "POOL_OPTIONS", "SharedPool"]
 
 _POLL_S = 0.005  # a put waiting for room looks again this often
 _FLUSH_S = 0.05  # a process that stopped putting flushes (rows, uses, credit) this soon ...
 _STALE_S = 0.5  # ... and one putting from its credit at least this often
 _CREDIT_MAX = 64 << 20  # the most credit a process takes ahead ...
 _CREDIT_SHARE = 16  # ... and at most this fraction of the capacity
-_JOURNAL_MAX = 1 << 16  # a process's journal is emptied once it is longer
-
-
-#: Deletes the victims' files; answers, per victim, whether its file is gone.
-Drop = Callable[[list[tuple[str, bytes]]], list[bool]]
 
 
 class SharedPool:
@@ -87,10 +94,8 @@ class SharedPool:
         self.landed: list[tuple[bytes, int, int]] = []
         self.used: dict[bytes, int] = {}  # reads since the last flush: key -> when (lru),
         # or how many (s3fifo)
-        self.evicted_blocks = self.refused = 0
-        self._journal = journal_path(root, self.me)
-        self._journal_fd = -1
-        self._journaled = 0  # bytes appended since the journal was last emptied
+        self.refused = 0
+        self.journal = Journal(root, self.me)  # the keys it may be writing (.pool_writers)
         self._last_put = self._flushed = 0.0
         self._lock = threading.Lock()  # the credit's; never held during I/O
         self._evicting = threading.Lock()
@@ -98,7 +103,12 @@ class SharedPool:
         self.policy: PoolPolicy
         # the connection (.pool_db): the schema and the one policy of the root (_setup) on
         # every index it uses, this process counted again in a rebuilt one (_rejoin)
-        self._session = IndexSession(root, self._setup, self._rejoin)
+        self.wal_charge = wal_limit(capacity)  # the log, counted at its bound
+        self.files_bytes = 0  # the pool's own files, at the last measure (.pool_files)
+        self.session = IndexSession(root, self._setup, self._rejoin, self.wal_charge)
+        # one evictor at a time, under the lease (.pool_evictor)
+        self.evictor = Evictor(self.session, root, self.me, self.scope, lease_s, self._add,
+                               lambda db: self._flush(db, spare=False), lambda: self.policy)
         self._closing = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
                                          name="kvtier-fs-pool")
@@ -108,7 +118,7 @@ class SharedPool:
     @contextlib.contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (:class:`~.pool_db.IndexSession`)."""
-        with self._session.txn() as db:
+        with self.session.txn() as db:
             yield db
 
     def _setup(self, db: sqlite3.Connection) -> None:
@@ -162,6 +172,29 @@ class SharedPool:
                                   "RETURNING size", (self.ns, key)).fetchall()[0][0]
                 self._add(db, self.ns, -size, 0)
 
+    def alone(self) -> bool:
+        """Whether no other live process holds this namespace open: then this one writes
+        the namespace's ``index.kvi`` at close, so that one snapshot is written at a
+        time, whatever the number of writers (its bytes beside the capacity until
+        room is next taken, docs/shared-capacity.md); a fault of the index: no."""
+        def others(db: sqlite3.Connection) -> list[str]:
+            return [writer for (writer,) in db.execute(
+                "SELECT writer FROM writers WHERE ns = ? AND writer != ?", (self.ns, self.me))
+                if alive(writer)]
+
+        try:
+            return not self.session.read(others)
+        except (BackendError, sqlite3.Error, OSError):
+            return False
+
+    def count_again(self, key: bytes, size: int) -> None:
+        """Count ``key``'s file again, as a file found at open (:meth:`adopt`): an explicit
+        evict took its row, and could not delete it."""
+        with self._txn() as db:
+            if db.execute(f"INSERT OR IGNORE INTO blocks{_ROW} VALUES (?, ?, ?, 'S', ?, ?)",
+                          (self.ns, key, size, self.me, time.time_ns())).rowcount:
+                self._add(db, self.ns, size, 0)
+
     def close(self) -> None:
         """Give back what this process holds; an index that fails now costs the others
         at most this process's credit until an evictor settles it (as for a process
@@ -178,15 +211,11 @@ class SharedPool:
         except OSError as exc:
             log.warning("fs pool %s: closed without giving back its room (%s); another "
                         "process's evictor settles it", self.root, exc)
-            return self._session.close()  # the journal stays, for that evictor
+            return self.session.close()  # the journal stays, for that evictor
         try:
-            if self._journal_fd >= 0:
-                os.close(self._journal_fd)
-                self._journal_fd = -1
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._journal)
+            self.journal.remove()
         finally:
-            self._session.close()
+            self.session.close()
 
     def _leave(self) -> None:
         with self._txn() as db:
@@ -246,8 +275,8 @@ class SharedPool:
         # one evicting thread per process: the lease is the process's
         if need > 0 and self._evicting.acquire(blocking=False):
             try:
-                if self._take_lease():
-                    tried, (freed, kept) = True, self._evict(need, drop)
+                if self.evictor.take_lease():
+                    tried, (freed, kept) = True, self.evictor.evict(need, drop)
                     waiting = waiting or kept > 0  # others go first on the next round
                 else:  # another process evicts: it may have freed room by the next look
                     waiting = True
@@ -261,7 +290,7 @@ class SharedPool:
             self._push_out(keys, out)
             return pending, True
         if freed <= 0:
-            held, busy = self._session.read(self._lease_and_inflight)
+            held, busy = self.session.read(self.evictor.lease_and_inflight)
             # asked again: others may have taken the room since the grant
             waiting = waiting or busy
             if not (waiting or held) or time.monotonic() > deadline:
@@ -290,22 +319,25 @@ class SharedPool:
     def _log(self, keys: Sequence[bytes], out: list[str]) -> None:
         """Append the keys granted to the journal, before their files are written: if
         this process dies, the evictor counts the files it finds of them."""
-        lines = b"".join(key.hex().encode() + b"\n"
-                         for key, verdict in zip(keys, out, strict=True) if verdict == "new")
-        if not lines:
-            return
-        with self._lock:
-            if self._journal_fd < 0:
-                self._journal_fd = os.open(self._journal, os.O_WRONLY | os.O_CREAT
-                                           | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            self._journaled += len(lines)
-            os.write(self._journal_fd, lines)  # one O_APPEND write of a few lines
+        granted = [key for key, verdict in zip(keys, out, strict=True) if verdict == "new"]
+        if granted:
+            with self._lock:
+                self.journal.append(granted)
 
-    def _room(self, db: sqlite3.Connection) -> tuple[int | None, int | None, int]:
-        """Bytes the capacity and the floor leave, and the bytes in flight in the scope."""
+    def measure_files(self) -> int:
+        """The bytes of the pool's own files now (:mod:`.pool_files`), kept for stats."""
+        self.files_bytes = own_files_bytes(self.root, self.session.wal, self.wal_charge)
+        return self.files_bytes
+
+    def _room(self, db: sqlite3.Connection,
+              own: int) -> tuple[int | None, int | None, int]:
+        """Bytes the capacity and the floor leave, and the bytes in flight in the scope.
+        The capacity holds the pool's own files (``own`` bytes) too, beyond their
+        allowance (.pool_files); each namespace's capacity counts all of them."""
         used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
                                     (self.scope,)).fetchall()[0]
-        cap = None if self.capacity is None else self.capacity - used
+        own = max(0, own - ALLOWANCE)
+        cap = None if self.capacity is None else self.capacity - own - used
         floor = None
         if self.floor is not None:
             total_inflight = db.execute(
@@ -324,9 +356,10 @@ class SharedPool:
                out: list[str]) -> tuple[list[int], int, bool]:
         left: list[int] = []
         taken = 0
+        own = self.measure_files()  # outside the transaction: it holds every writer up
         with self._txn() as db:
             self._flush(db, spare=True)
-            cap, floor, inflight = self._room(db)
+            cap, floor, inflight = self._room(db, own)
             with self._lock:
                 for i in pending:
                     key, size = keys[i], sizes[i]
@@ -397,11 +430,8 @@ class SharedPool:
             self.landed[:0] = wait
             released = sum(reserved for *_, reserved in landed) - sum(r for *_, r in wait)
             self.held -= released + give
-            if self._journaled > _JOURNAL_MAX and not self.mine and not self.landed:
-                # every key it lists has its row now: empty it, so it stays short (rarely:
-                # an index file that shrinks and grows at once is harder to account for)
-                os.ftruncate(self._journal_fd, 0)
-                self._journaled = 0
+            if not self.mine and not self.landed:
+                self.journal.settled()  # every key it lists has its row now
         if grown or flying or give:
             self._add(db, self.ns, grown - give, flying - give)
             self._record_held(db)
@@ -480,117 +510,11 @@ class SharedPool:
                 if row:
                     self._add(db, self.ns, -row[0][0], 0)
 
-    # the evictor ------------------------------------------------------------------
-    def _lease_held(self, db: sqlite3.Connection) -> bool:
-        """Whether another process holds a live lease (so room may come); in a session's
-        transaction or read."""
-        holder, expires = db.execute("SELECT holder, expires FROM lease").fetchall()[0]
-        return bool(holder != self.me and expires > time.time() and alive(holder))
-
-    def _lease_and_inflight(self, db: sqlite3.Connection) -> tuple[bool, bool]:
-        """Whether another process holds the lease, and whether writes are in flight."""
-        inflight = db.execute("SELECT inflight FROM totals WHERE scope = ?",
-                              (self.scope,)).fetchall()[0][0]
-        return self._lease_held(db), inflight > 0
-
-    def _take_lease(self) -> bool:
-        with self._txn() as db:
-            if self._lease_held(db):
-                return False
-            db.execute("UPDATE lease SET holder = ?, expires = ?",
-                       (self.me, time.time() + self.lease_s))
-            return True
-
-    def _evict(self, need: int, drop: Drop) -> tuple[int, int]:
-        """Delete the policy's victims in the scope until ``need`` bytes are free;
-        answer the bytes freed and the victims that could not be deleted.  Runs with the
-        lease held and gives it back."""
-        try:
-            victims = self._choose(need)
-            if not victims:
-                return 0, 0
-            gone = drop([(ns, key) for ns, key, _ in victims])
-            freed = 0
-            now = time.time_ns()
-            with self._txn() as db:
-                for (ns, key, size), ok in zip(victims, gone, strict=True):
-                    if not ok:  # kept, and counted; the last in line now, so others go first
-                        self.policy.kept(db, ns, key, now)
-                    elif db.execute("DELETE FROM blocks WHERE ns = ? AND key = ? AND state = 'D'",
-                                  (ns, key)).rowcount:
-                        self._add(db, ns, -size, 0)
-                        freed += size
-            with self._lock:
-                self.evicted_blocks += sum(gone)
-            return freed, len(gone) - sum(gone)
-        finally:
-            with self._txn() as db:
-                db.execute("UPDATE lease SET expires = 0 WHERE holder = ?", (self.me,))
-
-    def _choose(self, need: int) -> list[tuple[str, bytes, int]]:
-        """Mark the victims ``D``: those an evictor that died left, then the scope's in the
-        policy's order (:mod:`.pool_policy`) until ``need`` bytes; none if all would not do."""
-        with self._txn() as db:
-            self._flush(db, spare=False)
-            settle_dead(db, self.root, self.me, self._add)  # .pool_dead
-            victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
-                                 ).fetchall()  # left by an evictor that died
-            if self.policy.stored(db, evictable=True) < need and not victims:
-                return []  # evicting all would not do: refuse, keep what is stored
-            victims += self.policy.choose(db, need)
-        return victims
-
     def stats(self) -> dict[str, int]:
-        """The scope's truth from the index (``used_bytes``, ``blocks``), beside this
-        process's own share: its count alone kept every block it wrote or found,
-        whoever evicted it since, and grew without bound.  Other processes' writes are
-        counted once they have their rows, within 50 ms of their last put; the blocks
-        and the own share are counted at most once a second (:meth:`.PoolPolicy.counts`)."""
-        try:
-            used, inflight, stored, (blocks, own_blocks, own_bytes) = self._session.read(
-                self._figures)
-        except IndexReplaced:  # counted again in the new index: read that one
-            used, inflight, stored, (blocks, own_blocks, own_bytes) = self._session.read(
-                self._figures)
-        out = {"used_bytes": used - inflight + stored, "blocks": blocks,
-               "own_used_bytes": own_bytes, "own_blocks": own_blocks,
-               "pool_bytes": used, "pool_inflight_bytes": inflight,
-               "pool_evictions": self.evicted_blocks, "pool_refused": self.refused,
-               # damaged indexes this process replaced, and those others replaced (.pool_db)
-               "index_rebuilds": self._session.rebuilds,
-               "index_switches": self._session.switches}
-        if self.capacity is not None:
-            out["pool_capacity_bytes"] = out["capacity_bytes"] = self.capacity
-        return out
+        """The scope's truth, beside this process's own share (:mod:`.pool_stats`)."""
+        return pool_stats(self)
 
-    def _figures(self, db: sqlite3.Connection) -> tuple[int, int, int, tuple[int, int, int]]:
-        """For :meth:`stats`, outside a transaction (no lock of the index; the session's
-        held, so no flush runs meanwhile): the scope's bytes and bytes in flight, the
-        bytes of this process's writes landed that have no row yet (counted in flight
-        until then), and the rows counted (:meth:`.PoolPolicy.counts`)."""
-        used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
-                                    (self.scope,)).fetchall()[0]
+    def landed_now(self) -> tuple[int, int]:
+        """How many of this process's writes landed have no row yet, and their bytes."""
         with self._lock:
-            landed, stored = len(self.landed), sum(size for _, size, _ in self.landed)
-        return used, inflight, stored, self.policy.counts(db, self.ns, self.me, landed, stored)
-
-
-def attach(store: Any, options: Mapping[str, Any], namespace: str) -> Any:
-    """``store`` as a :class:`PoolStore` when its options ask for a shared pool, else as is."""
-    wanted = options["capacity"] is not None or options.get("min_free") is not None
-    pooled = options.get("capacity_scope") != "process"  # capacity_scope: process, no pool
-    if not (isinstance(store, LocalStore) and pooled and wanted):
-        return store
-    root = os.path.dirname(store.nsroot)
-    kind = network_fs(root)
-    if kind is not None:
-        log.warning("fs tier %s: a %s mount: capacity and min_free hold per process only "
-                    "(SQLite's locks are unsafe there)", root, kind)
-        return store
-    os.makedirs(store.nsroot, exist_ok=True)
-    pooled = PoolStore(store.nsroot)
-    pooled.__dict__.update(store.__dict__)
-    pooled.pool = SharedPool(root, namespace, options["capacity"], options["capacity_scope"],
-                             options["min_free"], options["pool_lease"],
-                             options.get("eviction", "lru"))
-    return pooled
+            return len(self.landed), sum(size for _, size, _ in self.landed)

@@ -1,28 +1,91 @@
-"""The store of a local ``fs`` root under a shared pool (:mod:`kvtier.backends.fs.pool`):
-:class:`PoolStore` settles the room the pool reserved for each write and deletes the
-pool's victims (:func:`kvtier.backends.fs.pool.attach` makes one).
+"""The shared pool as an ``fs`` tier's :class:`~.room.Capacity` (:class:`PoolCapacity`), and
+the choice, at open, between it and this process's own count (:func:`open_capacity`).
+
+:class:`PoolCapacity` hands the backend's calls to the pool (:class:`~.pool.SharedPool`)
+and does the file work the pool asks of the store: deleting its victims, of any
+namespace of the root, and counting again a file an explicit evict could not delete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from .capacity import Ledger
+from .layout import Store
 from .local import LocalStore
+from .mounts import network_fs
+from .pool import SharedPool
+from .room import Capacity, Drop, ProcessCapacity
 
-if TYPE_CHECKING:
-    from .pool import SharedPool
+log = logging.getLogger("kvtier.backends.fs")
 
-__all__ = ["PoolStore"]
+__all__ = ["PoolCapacity", "open_capacity"]
 
 
-class PoolStore(LocalStore):
-    """A local store whose writes settle the room the pool reserved for them."""
+def open_capacity(store: Store, options: Mapping[str, Any], namespace: str) -> Capacity:
+    """The shared pool when ``options`` ask for one (``capacity`` or ``min_free`` on a local
+    root, ``pool`` on) and the root's filesystem allows it; else this process's count."""
+    wanted = options["capacity"] is not None or options.get("min_free") is not None
+    pooled = options.get("capacity_scope") != "process"  # capacity_scope: process, no pool
+    if not (isinstance(store, LocalStore) and pooled and wanted):
+        return ProcessCapacity(store, options["capacity"])
+    root = os.path.dirname(store.nsroot)
+    kind = network_fs(root)
+    if kind is not None:
+        log.warning("fs tier %s: a %s mount: capacity and min_free hold per process only "
+                    "(SQLite's locks are unsafe there)", root, kind)
+        return ProcessCapacity(store, options["capacity"])
+    os.makedirs(store.nsroot, exist_ok=True)
+    pool = SharedPool(root, namespace, options["capacity"], options["capacity_scope"],
+                      options["min_free"], options["pool_lease"],
+                      options.get("eviction", "lru"))
+    return PoolCapacity(store, pool, options["capacity_scope"])
 
-    pool: SharedPool
+
+class PoolCapacity:
+    """One capacity for every process on a local root (:mod:`.pool`)."""
+
+    shared = True
+
+    def __init__(self, store: LocalStore, pool: SharedPool, scope: str) -> None:
+        self.store, self.pool, self.scope = store, pool, scope
+        self.limit = pool.capacity
+        store.victims_truncated = True  # remove_victim truncates: reads check (LocalStore)
+
+    def adopt(self, found: Mapping[bytes, int], ledger: Ledger) -> None:
+        self.pool.adopt(found, self.store)
+        # the pool's, for every process together; the ledger only answers lookups, and
+        # keeps at most the capacity's worth of them
+        ledger.capacity, ledger.bound = None, self.pool.capacity
+
+    def reserve(self, keys: Sequence[bytes], sizes: Sequence[int], drop: Drop) -> list[str]:
+        return self.pool.reserve(keys, sizes, drop)
+
+    def landed(self, key: bytes, size: int | None) -> None:
+        self.pool.settle(key, size)
+
+    def used(self, keys: Sequence[bytes]) -> None:
+        self.pool.touch(keys)  # a use, whichever process wrote them
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        self.pool.forget(keys)
+
+    def remove(self, key: bytes) -> bool:
+        """An explicit evict's deletion, whose row went first (:meth:`forget`): a file that
+        a fault of its own keeps (``EPERM``, ``EIO``) is counted again, else it stayed on
+        the disk uncounted until the next open."""
+        try:
+            return self.store.remove(key)
+        except OSError:
+            with contextlib.suppress(OSError):  # the deletion's fault is the one to raise
+                size = self.store.size(key)
+                if size is not None:
+                    self.pool.count_again(key, size)
+            raise
 
     def remove_victim(self, victim: tuple[str, bytes]) -> bool:
         """Delete a victim of any namespace of the root: True, its file is gone (also if
@@ -31,9 +94,10 @@ class PoolStore(LocalStore):
         Unlinked, then truncated: a file still open, in a read of any process or in a
         program that holds it, would keep its bytes on the disk after its room was
         given to another block.  Unlinked first, so that a read that overlapped the
-        truncation finds the file unlinked (:meth:`evicted`) and answers a miss."""
+        truncation finds the file unlinked (:meth:`LocalStore.evicted`) and answers a
+        miss."""
         ns, key = victim
-        path = self.path(key) if ns == self.pool.ns else LocalStore(
+        path = self.store.path(key) if ns == self.pool.ns else LocalStore(
             f"{self.pool.root}/{ns}").path(key)
         try:
             fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
@@ -47,35 +111,11 @@ class PoolStore(LocalStore):
             os.close(fd)
         return True
 
-    def evicted(self, fd: int) -> bool:
-        return os.fstat(fd).st_nlink == 0
+    def snapshot_at_close(self) -> bool:
+        return self.pool.alone()
 
-    def remove(self, key: bytes) -> bool:
-        """An explicit evict's deletion, whose row went first (``SharedPool.forget``): a
-        file that a fault of its own keeps (``EPERM``, ``EIO``) is counted again, else it
-        stayed on the disk uncounted until the next open."""
-        try:
-            return super().remove(key)
-        except OSError:
-            with contextlib.suppress(OSError):  # the deletion's fault is the one to raise
-                size = self.size(key)
-                if size is not None:
-                    self._count_again(key, size)
-            raise
+    def stats(self) -> dict[str, int]:
+        return self.pool.stats()
 
-    def _count_again(self, key: bytes, size: int) -> None:
-        pool = self.pool
-        with pool._txn() as db:  # as a file found at open (SharedPool.adopt)
-            if db.execute("INSERT OR IGNORE INTO blocks(ns, key, size, state, writer, used) "
-                          "VALUES (?, ?, ?, 'S', ?, ?)",
-                          (pool.ns, key, size, pool.me, time.time_ns())).rowcount:
-                pool._add(db, pool.ns, size, 0)
-
-    def write(self, key: bytes, parts: Sequence[Any], fsync: bool) -> int:
-        try:
-            size = super().write(key, parts, fsync)
-        except BaseException:
-            self.pool.settle(key, None)
-            raise
-        self.pool.settle(key, size)
-        return size
+    def close(self) -> None:
+        self.pool.close()

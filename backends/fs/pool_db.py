@@ -46,9 +46,9 @@ from typing import TypeVar
 
 from kvtier.spec import BackendError
 
-from .sharing import DB_NAME
+from .pool_options import DB_NAME
 
-__all__ = ["DAMAGED", "IndexReplaced", "IndexSession", "when_unlocked"]
+__all__ = ["DAMAGED", "WAL_MAX", "IndexReplaced", "IndexSession", "wal_limit", "when_unlocked"]
 
 log = logging.getLogger("kvtier.backends.fs")
 
@@ -59,6 +59,16 @@ _BUSY_S = 30.0  # the longest a transaction waits for another's to end
 #: (docs/shared-capacity.md).  SQLite's own checkpoints (every 256 pages) cannot empty
 #: it while other connections write: with 8 writers on ext4 it reached 7 MiB.
 WAL_MAX = 1 << 20
+#: ... and for a small capacity, which counts the log at its bound (:mod:`.pool_files`),
+#: an eighth of it, but no less than this: a checkpoint makes every process wait, and a
+#: read that meets one (a count for stats) waits too; within the files' allowance.
+WAL_MIN = 128 << 10
+
+
+def wal_limit(capacity: int | None) -> int:
+    """The log's bound for a pool of ``capacity`` (None: ``min_free`` alone)."""
+    return WAL_MAX if capacity is None else max(WAL_MIN, min(WAL_MAX, capacity // 8))
+
 DAMAGED = DB_NAME + ".damaged"  # the one damaged index kept, for a look
 _LOCK = DB_NAME + ".lock"  # held (flock) while the index is created or rebuilt
 #: A rebuilt index (``.kvtier-pool.db.<generation>``), its log or its shared memory.
@@ -91,17 +101,17 @@ def when_unlocked(statement: Callable[[], object]) -> None:
         delay = min(delay * 2, 2e-3)
 
 
-def connect(path: str) -> sqlite3.Connection:
-    """A connection to the index at ``path``, in WAL mode."""
+def connect(path: str, wal_max: int = WAL_MAX) -> sqlite3.Connection:
+    """A connection to the index at ``path``, in WAL mode, its log cut back to ``wal_max``."""
     db = sqlite3.connect(path, timeout=0.1, isolation_level=None, check_same_thread=False)
     try:
         # switching a new index to WAL takes its lock: wait for a sharer creating it
         when_unlocked(lambda: db.execute("PRAGMA journal_mode=WAL"))
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints
-        # the log is checkpointed at 256 pages and cut back to 1 MiB: the index's own
-        # bytes, which no capacity counts, stay small beside min_free
+        # the log is checkpointed at 256 pages and cut back to its bound, at which the
+        # capacity counts it (.pool_files)
         db.execute("PRAGMA wal_autocheckpoint=256")
-        db.execute(f"PRAGMA journal_size_limit={WAL_MAX}")
+        db.execute(f"PRAGMA journal_size_limit={int(wal_max)}")
     except BaseException:
         db.close()
         raise
@@ -166,8 +176,9 @@ class IndexSession:
     """
 
     def __init__(self, root: str, setup: Callable[[sqlite3.Connection], None],
-                 rejoin: Callable[[sqlite3.Connection], None]) -> None:
+                 rejoin: Callable[[sqlite3.Connection], None], wal_max: int = WAL_MAX) -> None:
         self.root = root
+        self.wal_max = wal_max  # the log's bound (wal_limit)
         self.link = os.path.join(root, DB_NAME)
         self.setup, self.rejoin = setup, rejoin
         self.lock = threading.Lock()
@@ -175,7 +186,7 @@ class IndexSession:
         self.db: sqlite3.Connection | None = None
         self.ident: Ident | None = None
         self.wal = ""  # the index's log
-        self.checkpoints = 0  # logs this process emptied, past WAL_MAX
+        self.checkpoints = 0  # logs this process emptied, past wal_max
         with self.lock:
             self._first_open()
 
@@ -222,7 +233,7 @@ class IndexSession:
     def _attach(self, path: str, rejoin: bool) -> None:
         """Connect to the index at ``path`` and make it this session's (``lock`` held)."""
         before = _ident(path)
-        db = connect(path)
+        db = connect(path, self.wal_max)
         try:
             if before is not None:
                 # damage a sharer's cache hides, found before this process relies on it
@@ -351,7 +362,7 @@ class IndexSession:
                 db = self._current()
                 when_unlocked(lambda: db.execute("BEGIN IMMEDIATE"))
             try:
-                if self._wal_bytes() > WAL_MAX:
+                if self._wal_bytes() > self.wal_max - self.wal_max // 4:
                     db.execute("ROLLBACK")  # nothing done yet: empty the log first
                     self._checkpoint(db)
                     when_unlocked(lambda: db.execute("BEGIN IMMEDIATE"))
@@ -374,9 +385,13 @@ class IndexSession:
             return 0
 
     def _checkpoint(self, db: sqlite3.Connection) -> None:
-        """Copy the log into the index and cut it to nothing (``lock`` held).  Every
+        """Copy the log into the index and cut it to nothing (``lock`` held), once it is
+        past three quarters of its bound: the transaction that follows fits in the
+        last quarter, and the log stays within the bound at which the capacity
+        counts it (a transaction over a quarter of it, such as an open adopting
+        thousands of files, is the exception).  Every
         process's transaction waits for this first, so that none adds to the log
-        meanwhile: it stays within WAL_MAX and one transaction, whatever the number of
+        meanwhile: it stays within wal_max and one transaction, whatever the number of
         writers and the speed of the disk."""
         deadline = time.monotonic() + _BUSY_S
         delay = 50e-6
@@ -387,7 +402,7 @@ class IndexSession:
                 if "locked" not in str(exc):
                     raise
                 busy = 1
-            if not busy or self._wal_bytes() <= WAL_MAX:  # emptied, here or by another
+            if not busy or self._wal_bytes() <= self.wal_max:  # emptied, here or by another
                 self.checkpoints += not busy
                 return
             if time.monotonic() > deadline:

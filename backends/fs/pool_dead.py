@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from .layout import TMP_PREFIX, listdir
 from .local import LocalStore
-from .sharing import alive, journal_keys, journal_path
+from .pool_writers import alive, journal_keys, journal_path
 
 __all__ = ["ROW", "settle_dead"]
 

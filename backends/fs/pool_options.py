@@ -1,32 +1,21 @@
-"""What the ``fs`` pool (:mod:`kvtier.backends.fs.pool`) keeps beside a root, and where it may.
+"""The ``fs`` pool's options (:mod:`kvtier.backends.fs.pool`) and their checks, and the
+name of its index under a root.
 
-Its options and their checks, the mounts where it is not used (their locks
-cannot be trusted, or their sharers are on other machines), whether a sharer
-is alive, and each writer's journal: ``<root>/.kvtier-pool.db.writer-<id>``,
-the keys a process may be writing from its credit, appended before their
-files are written, so that the files of a process that died can be counted.
+Where the pool is not used is :mod:`.mounts`; each writer's journal and whether it
+is alive, :mod:`.pool_writers`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 from collections.abc import Mapping
 
 from kvtier.spec import Option, Renamed
 from kvtier.spec.shared import TIMEOUT, but
 
-__all__ = ["DB_NAME", "LEASE_MIN_S", "POOL_OPTIONS", "alive", "journal_keys", "journal_path",
-           "network_fs", "parse_min_free"]
+__all__ = ["DB_NAME", "LEASE_MIN_S", "POOL_OPTIONS", "parse_min_free"]
 
 DB_NAME = ".kvtier-pool.db"
-#: Filesystems whose locking SQLite cannot trust, or whose sharers are on other machines.
-NETWORK_FS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "ceph", "fuse.ceph", "fuse.cephfs",
-    "glusterfs", "fuse.glusterfs", "gpfs", "beegfs", "9p", "fuse.sshfs", "afs", "ocfs2",
-    "gfs2", "fuse.s3fs", "fuse.juicefs", "fuse.gcsfuse",
-})
 _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
@@ -103,54 +92,3 @@ POOL_OPTIONS: Mapping[str, Option] = {
         check=_check_lease,
     ),
 }
-
-
-def network_fs(path: str) -> str | None:
-    """The type of the network filesystem holding ``path``, or None for a local one."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = real == point or real.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        return None  # no /proc: nothing to tell
-    return kind if kind in NETWORK_FS else None
-
-
-def alive(writer: str) -> bool:
-    try:
-        os.kill(int(writer.split(":", 1)[0]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
-
-
-
-
-def journal_path(root: str, writer: str) -> str:
-    """The file where ``writer`` lists the keys it may be writing (see :class:`SharedPool`)."""
-    return os.path.join(root, f"{DB_NAME}.writer-{writer.replace(':', '-')}")
-
-
-def journal_keys(path: str) -> set[bytes]:
-    """The keys a journal lists; a line that is not a key (torn by a crash) is skipped."""
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().split(b"\n")
-    except FileNotFoundError:
-        return set()
-    keys = set()
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            keys.add(bytes.fromhex(line.decode("ascii")))
-    keys.discard(b"")
-    return keys

@@ -41,7 +41,7 @@ from kvtier.block.namespace import Namespace
 from kvtier.policies import S3Fifo, supported
 from kvtier.spec import ConfigError
 
-from .sharing import alive
+from .pool_writers import alive
 
 log = logging.getLogger("kvtier.backends.fs")
 
@@ -150,7 +150,7 @@ def _one_capacity(db: sqlite3.Connection, root: str, ns: str, capacity: int | No
 
 
 def _size(value: int) -> str:
-    from kvtier.config.units import format_size  # as sharing's parse_size: no cycle at import
+    from kvtier.config.units import format_size  # as pool_options's parse_size: no cycle at import
 
     return "unset" if not value else f"{value} bytes ({format_size(value)})"
 
@@ -181,7 +181,9 @@ class PoolPolicy:
         self.scope = scope
         self.where = "" if scope == "*" else "ns = ? AND "
         self.args: tuple[Any, ...] = () if scope == "*" else (scope,)
-        self._counted = (-1e9, 0.0, (0, 0, 0))  # counts(): when, its cost, what
+        # counts(): when, its cost (the least of the last two counts'), what
+        self._counted = (-1e9, 0.0, (0, 0, 0))
+        self._last_cost = 0.0
 
     # uses and new rows -----------------------------------------------------------
     def touch(self, used: dict[bytes, int], keys: Any, now: int) -> None:
@@ -326,13 +328,17 @@ class PoolPolicy:
         has not made rows for yet; counted (a scan, which the stats an engine reads at
         every step would repeat) at every call while a count takes less than
         :data:`_CHEAP_S` (an index of thousands of rows), else at most every
-        :data:`_COUNT_S`, or 100 times as long as counting took."""
+        :data:`_COUNT_S`, or 100 times as long as counting took.  The cost is the least
+        of the last two counts': one count held up (its thread descheduled, a checkpoint
+        of the log) is no large index, and left the figures a second stale."""
         now = time.monotonic()
         when, cost, counts = self._counted
         if cost < _CHEAP_S or now - when > max(_COUNT_S, 100 * cost):
             blocks, own_blocks, own_bytes = self.figures(db, ns, writer)
             counts = blocks + landed, own_blocks + landed, own_bytes + stored
-            self._counted = now, time.monotonic() - now, counts
+            took = time.monotonic() - now
+            self._counted = now, min(took, self._last_cost), counts
+            self._last_cost = took
         return counts
 
     def figures(self, db: sqlite3.Connection, ns: str, writer: str) -> tuple[int, int, int]:

@@ -323,14 +323,14 @@ def test_a_read_that_overlaps_its_block_s_eviction_is_a_miss(tmp_path: Path) -> 
     size = 16 * KiB
     tier = open_backend({"url": str(tmp_path), "namespace": NS, "options": {"capacity": "1MiB"}})
     try:
-        store = tier.instance._store
+        store, capacity = tier.instance._store, tier.instance._capacity
         keys = [b"a", b"b"]
         assert list(tier.put(keys, [block(k, size) for k in keys], [])) == [True, True]
         opened = store._open
 
         def evicted_once_open(key: bytes) -> int | None:
             fd = opened(key)  # the read has the file open: the evictor takes it now
-            assert store.remove_victim((NS, key))
+            assert capacity.remove_victim((NS, key))
             return fd
 
         store._open = evicted_once_open
@@ -379,8 +379,8 @@ def test_a_put_waits_for_another_process_s_eviction_that_ends_before_it_looks(
     try:
         old = [f"old{i}".encode() for i in range(4)]
         assert list(tier.put(old, [block(k, size) for k in old], [])) == [True] * 4
-        pool = tier.instance._store.pool
-        take, tries = pool._take_lease, []
+        pool = tier.instance._capacity.pool
+        take, tries = pool.evictor.take_lease, []
 
         def held_by_another() -> bool:
             # another process holds the lease at the first try, and has given it
@@ -388,8 +388,8 @@ def test_a_put_waits_for_another_process_s_eviction_that_ends_before_it_looks(
             tries.append(time.monotonic())
             return len(tries) > 1 and take()
 
-        monkeypatch.setattr(pool, "_take_lease", held_by_another)
-        monkeypatch.setattr(pool, "_lease_held", lambda db: False)
+        monkeypatch.setattr(pool.evictor, "take_lease", held_by_another)
+        monkeypatch.setattr(pool.evictor, "lease_held", lambda db: False)
         new = [b"new0", b"new1"]
         assert list(tier.put(new, [block(k, size) for k in new], [])) == [True, True]
         assert pool.refused == 0 and len(tries) == 2

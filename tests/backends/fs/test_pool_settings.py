@@ -57,7 +57,7 @@ def test_figures_are_the_pool_s_beside_the_process_s_own_share(tmp_path: Path) -
         for key in mine[100:]:
             assert list(tier.put([key], [block(key, size)], [])) == [True]
         stats = tier.stats()
-        own = tier.instance._store.pool.me
+        own = tier.instance._capacity.pool.me
         # this process's own index of the namespace keeps no more than the pool can hold
         # (it kept an entry for every block it ever stored), and forgets nothing it needs
         ledger = tier.instance._ledger
@@ -194,7 +194,7 @@ def test_min_free_takes_a_size_as_every_size_does(tmp_path: Path, value: Any,
     namespace = kvtier.Namespace("floor", dtype="bfloat16", tokens_per_block=16)
     with kvtier.open_chain(str(path), namespace=namespace) as chain:
         assert chain.put([b"k"], [b"v" * 1024]) == [True]
-        assert chain.tiers[0].handle.instance._store.pool.floor == floor
+        assert chain.tiers[0].handle.instance._capacity.pool.floor == floor
 
 
 @pytest.mark.parametrize("value", [0, -1, "0%", "100%", True, 1.5, "nan"])
