@@ -73,18 +73,20 @@ class Arc(Accounting):
             self._t1_bytes -= size
             self._t2[key] = size
             return True
-        try:
-            self._t2.move_to_end(key)
-        except KeyError:
-            return False
-        return True
+        t2 = self._t2
+        if key in t2:
+            t2.move_to_end(key)
+            return True
+        return False
 
     def admit(self, key: bytes, size: int) -> list[bytes]:
         ghost = self._ghost_hit(key)
         victims: list[bytes] = []
-        while self.used + size > self.capacity:
-            victims.append(self._replace(ghost is self._b2))
-        self.evictions += len(victims)
+        if self.used + size > self.capacity:
+            hit_b2 = ghost is self._b2
+            while self.used + size > self.capacity:
+                victims.append(self._replace(hit_b2))
+            self.evictions += len(victims)
         self._insert(key, size, ghost is not None)
         return victims
 
@@ -118,6 +120,8 @@ class Arc(Accounting):
     def _ghost_hit(self, key: bytes) -> Ghosts | None:
         """Adapt ``p`` to a ghost of ``key`` and drop it; the ghost list it was in, or None."""
         b1, b2 = self._b1, self._b2
+        if key not in b1.keys and key not in b2.keys:
+            return None
         weight = b1.keys.get(key)
         if weight is not None:
             # b1.bytes >= weight >= 1 here, so the divisions are safe

@@ -132,6 +132,9 @@ class Accounting:
         raise NotImplementedError
 
     def admit(self, key: bytes, size: int) -> list[bytes]:
+        if self.used + size <= self.capacity:  # the common case: no room to make
+            self.enter(key, size)
+            return []
         victims = self._evict_until(self.capacity - size)
         self.enter(key, size)
         return victims
