@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -107,8 +108,10 @@ def main() -> None:
     finally:
         for tenants, _ in opened.values():
             tenants.close()
+        if args.root is None:  # a temporary root of ours: 128 MiB and more of blocks
+            shutil.rmtree(base, ignore_errors=True)
     print(f"fs tier, {args.blocks} x 2 MiB blocks in batches of {BATCH}, median of "
-          f"{args.rounds} rounds, per block (root {base}; load average "
+          f"{args.rounds} rounds, per block (root {args.root or '/var/tmp'}; load average "
           f"{os.getloadavg()[0]:.1f})")
     for op in ("put", "get uncached", "get cached"):
         plain = statistics.median(times["plaintext"][op]) / args.blocks * 1e3
