@@ -1,6 +1,6 @@
 """Old keys still work for a release, warn naming the new key, and cannot contradict it.
 
-Every old key :func:`kvtier.config.inventory.old_keys` finds in the declarations
+Every old key ``settings_inventory.old_keys`` finds in the declarations
 has a case here (a new one without a case fails the first test), loaded from a
 file with the old key and with the new one: the backend (or the tier) gets the
 same value both ways, and only the old key warns, naming the new one.
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+from settings_inventory import old_keys
 
 from kvtier.config import explain, load_config
-from kvtier.config.inventory import old_keys
 from kvtier.plugins.options import DeprecatedKey, check_options
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import ConfigError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvtier.config.inventory import internal, old_keys, pairs, settings
+from settings_inventory import internal, old_keys, pairs, settings
 
 DOC = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()
 NOW_RE = re.compile(r"^\| (\w+) \| `([\w.]+)` \| (\w+) \| [^|]+ \| (.+) \|$", re.M)

@@ -1,4 +1,7 @@
-"""Every setting a user can meet, from the declarations: ``python -m kvtier.config.inventory``.
+"""Every setting a user can meet, from the declarations.
+
+Run ``python tests/support/settings_inventory.py``: a script, beside the tests, since it
+reads kvtier and its integrations and no package of kvtier may import both.
 
 A setting is a key a person may write: the chain's own keys, the keys every
 tier takes, each built-in backend's options and kvtier-redis's (where
@@ -12,7 +15,9 @@ settings: :func:`old_keys` lists the first, :func:`internal` the second.
 The same script, run at the commit before the options were declared once
 (``1bfe5d1``, where the tier keys were ``TierConfig`` metadata and the load
 policy and record keys hand-written), finds the 87 settings of then: it reads
-whichever declarations the tree has.
+whichever declarations the tree has.  It lives beside the tests, not in
+:mod:`kvtier.config`, because it reads vLLM's integration too, which no package
+of kvtier imports.
 """
 
 from __future__ import annotations
