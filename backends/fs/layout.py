@@ -151,7 +151,7 @@ class Store:
         raise NotImplementedError
 
     def rewrite(self, key: bytes, data: bytes) -> bool:
-        """Overwrite a stored block in place, for ``kvtier_tamper``."""
+        """Overwrite a stored block in place, for the kit's raw access (``kit_tamper``)."""
         raise NotImplementedError
 
     def scan(self, mapper: Mapper[Any, Any]) -> tuple[list[Entry], int]:

@@ -55,8 +55,9 @@ class RawAccess(Protocol):
 
 def backend_tamper(instance: object) -> Tamperer | None:
     """The raw access ``instance`` gives the kit itself, or None if it gives none."""
-    if isinstance(instance, RawAccess):
-        return instance.kit_tamper
+    own = getattr(instance, "kit_tamper", None)
+    if callable(own):  # RawAccess, read the way BackendHandle.tamper reads it
+        return own  # type: ignore[no-any-return]
     hook = getattr(instance, "kvtier_tamper", None)
     if not callable(hook):
         return None
