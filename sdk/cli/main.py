@@ -67,9 +67,9 @@ def backends() -> None:
         try:
             info = registry.info(name)
             handle = registry.create(name)
-            options = ", ".join(
-                f"{key}{'*' if opt.required else ''}:{opt.type}"
-                for key, opt in handle.options().items()
+            options = ", ".join(  # the keys a file writes (not the old names, nor internal)
+                f"{opt.key or key}{'*' if opt.required else ''}:{opt.type}"
+                for key, opt in handle.options().items() if not opt.internal
             )
         except PluginError as exc:
             table.add_row(name, "-", "-", f"[red]{escape(str(exc))}[/]", "-")

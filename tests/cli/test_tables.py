@@ -30,8 +30,8 @@ def expected_backend_cells() -> dict[str, str]:
     cells = {}
     for name in registry.names():
         options = registry.create(name).options()
-        cells[name] = ", ".join(f"{k}{'*' if o.required else ''}:{o.type}"
-                                for k, o in options.items())
+        cells[name] = ", ".join(f"{o.key or k}{'*' if o.required else ''}:{o.type}"
+                                for k, o in options.items() if not o.internal)
     return cells
 
 
