@@ -40,7 +40,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 from kvtier.block.buffers import joined, nbytes
 from kvtier.policies.sizing import Sizing
@@ -48,6 +48,7 @@ from kvtier.spec import (
     BackendError,
     BytesLike,
     Capabilities,
+    CapacityScope,
     ConfigError,
     Failed,
     KvtierError,
@@ -55,7 +56,7 @@ from kvtier.spec import (
     map_batch,
     run_batch,
 )
-from kvtier.spec.base import Evicted, GetInto, PutParts, Scan, Tamper
+from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
 
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
@@ -78,7 +79,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class FsBackend(PutParts, GetInto, Tamper, Scan):
+class FsBackend(PutParts, GetInto, Scan):
     """Blocks as files under a local directory or any fsspec URL.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -168,15 +169,16 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
             if not self.is_open:
                 # never opened: describe a local directory, the usual case
                 return Capabilities(persistent=True, shared=True, thread_safe=True,
-                                    reports_evictions=True, extra={"eviction": "lru"})
+                                    reports_evictions=True, eviction="lru")
         return Capabilities(
             persistent=not self._store.memory,
             shared=not self._store.memory,
             thread_safe=True,
             capacity=self._capacity.limit,
             reports_evictions=True,
-            extra={"eviction": self._eviction, "local": self._store.local,
-                   "io_threads": self._threads, "capacity_scope": self._capacity.scope},
+            eviction=self._eviction,
+            capacity_scope=cast(CapacityScope, self._capacity.scope),  # checked by its Option
+            extra={"local": self._store.local, "io_threads": self._threads},
         )
 
     def _stats(self) -> Mapping[str, int | float]:
@@ -496,7 +498,9 @@ class FsBackend(PutParts, GetInto, Tamper, Scan):
         return faults_as_backend_errors()
 
     # testing --------------------------------------------------------------
-    def _tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+    def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
+        """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
+        self.ensure_open()
         try:
             data = self._store.read(key)
             # raw rewrite in place, index untouched: like bit rot or a torn write
