@@ -21,7 +21,8 @@ return, into consecutive phases that add up to the TTFT:
 * ``compute``: the prefill of the tokens not loaded, and the first token.
 
 :func:`medium_read` times the medium alone: O_DIRECT reads of a list of
-``(path, offset, length)`` pieces on a few threads.
+``(path, offset, length)`` pieces on a few threads; :func:`object_read` a
+raw obstore GET of every large object of a bucket.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "medium_read", "one_file", "pieces"]
+__all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "medium_read", "object_read",
+           "one_file", "pieces"]
 
 PHASES = ("vllm to lookup", "lookup", "job queue", "reads", "checks", "until polled",
           "vllm to copy", "to device", "compute")
@@ -149,6 +151,29 @@ def medium_read(reads: Sequence[tuple[str, int, int]], threads: int) -> float:
     if errors:
         raise errors[0]
     return elapsed
+
+
+def object_read(s3: dict[str, str], min_size: int, threads: int) -> tuple[float, int, int]:
+    """Seconds to GET every object of at least ``min_size`` bytes in a bucket with
+    obstore on ``threads`` threads (as the ``object`` tier reads), its bytes and count.
+
+    ``s3``: ``endpoint``, ``bucket``, ``access_key``, ``secret_key``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(s3["bucket"], config={
+        "endpoint": s3["endpoint"], "access_key_id": s3["access_key"],
+        "secret_access_key": s3["secret_key"], "region": "us-east-1"},
+        client_options={"allow_http": True})
+    paths = [m["path"] for batch in obstore.list(store) for m in batch if m["size"] >= min_size]
+    with ThreadPoolExecutor(threads) as pool:
+        start = time.perf_counter()
+        sizes = list(pool.map(lambda p: len(memoryview(obstore.get(store, p).bytes())), paths))
+        elapsed = time.perf_counter() - start
+    return elapsed, sum(sizes), len(sizes)
 
 
 # charts ---------------------------------------------------------------------------------

@@ -59,7 +59,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ttft_phases import PHASES, ascii_chart, breakdown, draw, medium_read, one_file, pieces
+from ttft_phases import (
+    PHASES,
+    ascii_chart,
+    breakdown,
+    draw,
+    medium_read,
+    object_read,
+    one_file,
+    pieces,
+)
 
 HERE = Path(__file__).resolve().parent
 TAG = "VLLM-TTFT "
@@ -222,15 +231,18 @@ def main() -> None:
               f"    secret_access_key: {server.secret_key}\n")
         config.write_text(ram + disk + s3.replace("name: s3", "name: s3\n    write: through"))
         object_config.write_text(ram + s3)
+    s3 = None if server is None else {"endpoint": server.endpoint, "bucket": bucket,
+                                      "access_key": server.access_key,
+                                      "secret_key": server.secret_key}
     try:
-        run_all(args, model, vllm_dir, kvtier_dir, config, object_config)
+        run_all(args, model, vllm_dir, kvtier_dir, config, object_config, s3)
     finally:
         if server is not None:
             server.stop()
 
 
 def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: Path,
-            config: Path, object_config: Path) -> None:
+            config: Path, object_config: Path, s3: dict[str, str] | None) -> None:
     common = ["--model", str(model), "--tokens", str(args.tokens),
               "--primary-bytes", str(args.primary_bytes), "--vllm-dir", str(vllm_dir),
               "--kvtier-dir", str(kvtier_dir), "--kvtier-config", str(config),
@@ -260,6 +272,10 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
                 for name, (which, threads) in MEDIUM.items():
                     files = [single] if which == "one file" else blocks
                     medium[name].append(medium_read(pieces(files), threads))
+            if mode == "kvtier-object" and s3 is not None:  # the same objects, raw obstore
+                for threads in (4, 16):
+                    got = object_read(s3, 1 << 20, threads)
+                    medium.setdefault(f"{OBJECT} {threads} threads", []).append(got[0])
 
     def figures(mode: str) -> tuple[float, float, float, list[float], list[int]]:
         ttfts = [t for r in runs[mode] for t in r["ttft_s"]]
@@ -284,6 +300,8 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
     print(TAG + json.dumps({"runs": runs, "store": stored, "medium_s": medium}))
 
 
+#: the object tier's medium: a raw obstore GET of its objects from the same SeaweedFS
+OBJECT = "objects, obstore,"
 #: the medium's own reads of the prompt's bytes, O_DIRECT, 4 MiB requests
 MEDIUM = {"one file, 1 thread": ("one file", 1), "one file, 4 threads": ("one file", 4),
           "one file, 16 threads": ("one file", 16), "block files, 4 threads": ("blocks", 4),
@@ -293,12 +311,13 @@ MEDIUM = {"one file, 1 thread": ("one file", 1), "one file, 4 threads": ("one fi
 def report_phases(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
                   medium: dict[str, list[float]], size: int, files: int, work: Path) -> None:
     """The phase breakdown of the kvtier hits, the medium's reads and the floor."""
-    print(f"\nthe medium alone, O_DIRECT, 4 MiB requests, {size / 2**20:.1f} MiB "
-          f"(the {files} block files of the kvtier fs tier), median of {args.processes}:")
+    print(f"\nthe medium alone (files: O_DIRECT, 4 MiB requests; objects: GET), "
+          f"{size / 2**20:.1f} MiB (the {files} block files of the kvtier fs tier), "
+          f"median of {args.processes}:")
     for name, times in medium.items():
         t = statistics.median(times)
         print(f"  {name:<24}{t * 1000:8.1f} ms  {size / t / 1e9:5.2f} GB/s")
-    read = min(statistics.median(t) for name, t in medium.items() if name.startswith("one"))
+    fs_read = min(statistics.median(t) for name, t in medium.items() if name.startswith("one"))
     rows: list[tuple[str, dict[str, float]]] = []
     for mode in (m for m in runs if m.startswith("kvtier")):
         samples = [p for r in runs[mode] for p in r.get("phases", []) if p]
@@ -306,6 +325,12 @@ def report_phases(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]
             print(f"{mode}: no phases recorded (no load in its prompts)")
             continue
         med = {k: statistics.median(p[k] for p in samples) for k in (*PHASES, "ttft")}
+        read = fs_read
+        if mode == "kvtier-object":
+            objects = [statistics.median(t) for n, t in medium.items() if n.startswith(OBJECT)]
+            if not objects:
+                continue
+            read = min(objects)
         compute = med["compute"]
         floor = read + compute
         print(f"\n{mode}: phases of a hit, median ms over {len(samples)} prompts "

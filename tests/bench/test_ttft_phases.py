@@ -22,7 +22,14 @@ import pytest
 REPO = Path(__file__).parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from ttft_phases import PHASES, ascii_chart, breakdown, medium_read, pieces  # noqa: E402
+from ttft_phases import (  # noqa: E402
+    PHASES,
+    ascii_chart,
+    breakdown,
+    medium_read,
+    object_read,
+    pieces,
+)
 
 _RECORD = textwrap.dedent("""
     import json, sys, time
@@ -102,3 +109,21 @@ def test_medium_read_reads_every_piece(tmp_path: Path) -> None:
         pytest.skip(f"O_DIRECT refused here: {exc}")
     with pytest.raises(OSError):
         medium_read([(str(files[1]), 0, 5 << 20)], 1)  # past its end: a short read
+
+
+def test_object_read_gets_every_large_object(s3_server: Any, bucket: str) -> None:
+    import obstore
+    from obstore.store import S3Store
+
+    s3 = {"endpoint": s3_server.endpoint, "bucket": bucket, "access_key": s3_server.access_key,
+          "secret_key": s3_server.secret_key}
+    store = S3Store(bucket, config={"endpoint": s3["endpoint"], "access_key_id": s3["access_key"],
+                                    "secret_access_key": s3["secret_key"],
+                                    "region": "us-east-1"},
+                    client_options={"allow_http": True})
+    for i in range(3):
+        obstore.put(store, f"ns/block-{i}", os.urandom(2 << 20))
+    obstore.put(store, "ns/catalog", b"small")
+    elapsed, nbytes, count = object_read(s3, 1 << 20, 2)
+    assert (nbytes, count) == (6 << 20, 3)
+    assert elapsed > 0
