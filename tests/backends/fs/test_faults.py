@@ -157,9 +157,12 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     opts = fresh.options()
     assert set(opts) == {
         "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options",
-        "pool", "capacity_scope", "min_free", "pool_lease", "sizing_sample", "eviction",
-        "read_only",
+        "capacity_scope", "min_free", "pool_lease", "sizing_sample", "eviction", "read_only",
     }
+    # the names a file writes: io_threads is concurrency, pool_lease timeout,
+    # and pool is folded into capacity_scope (docs/settings.md)
+    assert opts["io_threads"].key == "concurrency" and opts["pool_lease"].key == "timeout"
+    assert opts["capacity_scope"].deprecated == ("pool",)
     assert opts["eviction"].default == "lru"
     assert opts["url"].required
     assert opts["storage_options"].secret
