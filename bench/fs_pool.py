@@ -45,8 +45,8 @@ def writer(spec: dict) -> None:
 
     handle = default_registry().create("fs")
     handle.open({"url": spec["root"], "capacity": spec["capacity"], "fsync": False,
-                 "io_threads": 1, "direct_io": False, "storage_options": {},
-                 "pool": spec["pool"]}, NS)
+                 "concurrency": 1, "direct_io": False, "storage_options": {},
+                 "capacity_scope": "pool" if spec["pool"] else "process"}, NS)
     data = os.urandom(spec["size"])
     keys = [f"w{spec['writer']}-{i}".encode() for i in range(spec["blocks"])]
     batch = spec["batch"]

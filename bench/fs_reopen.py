@@ -75,7 +75,7 @@ def child(root: str, close: bool) -> None:
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     handle = default_registry().create("fs")
-    options = {"url": f"file://{root}", "capacity": None, "fsync": False, "io_threads": 4,
+    options = {"url": f"file://{root}", "capacity": None, "fsync": False, "concurrency": 4,
                "storage_options": {}}
     start = time.perf_counter()
     handle.open(options, NAMESPACE.hex)

@@ -229,8 +229,8 @@ def transfer_configs(shape: Shape, work: Path, names: list[str],
         root = work / name
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        # io_threads 16: the read parallelism of vLLM's fs tier (bench/vllm_ttft.py)
-        fs = {"name": "disk", "backend": "fs", "url": str(root / "fs"), "io_threads": 16}
+        # concurrency 16: the read parallelism of vLLM's fs tier (bench/vllm_ttft.py)
+        fs = {"name": "disk", "backend": "fs", "url": str(root / "fs"), "concurrency": 16}
         if name == "none":
             out[name] = None
         elif name == "vllm-cpu":

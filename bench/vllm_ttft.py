@@ -28,7 +28,7 @@ the table gives the median over all samples, the minimum, and the median of
 the fresh-process samples alone.
 Both hit runs use the kvtier spec (vLLM's own CPU worker refuses non-GPU
 platforms); only the secondary tier differs.  The kvtier fs tier gets
-``io_threads: 16``, the parallelism of vLLM's fs tier (16 read threads):
+``concurrency: 16``, the parallelism of vLLM's fs tier (16 read threads):
 on storage that needs requests in flight to reach its bandwidth, the fs
 backend's default of 4 costs a cold read about 2.5 times as long.
 
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--workdir")
     parser.add_argument("--primary-bytes", type=int, default=512 << 20)
     parser.add_argument("--io-threads", type=int, default=16,
-                        help="kvtier fs tier io_threads (vLLM's fs tier reads with 16 threads)")
+                        help="kvtier fs tier concurrency (vLLM's fs tier reads with 16 threads)")
     # child-only
     parser.add_argument("--child", dest="mode")
     parser.add_argument("--model")
@@ -216,7 +216,7 @@ def main() -> None:
     config, object_config = work / "tiers.yaml", work / "tiers-object.yaml"
     ram = f"chain:\n  - name: ram\n    backend: host\n    capacity: {args.primary_bytes}\n"
     disk = (f"  - name: disk\n    backend: fs\n    url: {kvtier_dir}\n"
-            f"    io_threads: {args.io_threads}\n")
+            f"    concurrency: {args.io_threads}\n")
     config.write_text(ram + disk)
     server = None
     if args.object:
