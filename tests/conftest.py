@@ -15,15 +15,11 @@ from seaweed_cluster import SeaweedCluster
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     """A SeaweedFS S3 server for the whole run; its log is ``weed.log`` beside its data."""
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"))
-    server.start()
-    logging.getLogger("kvtier.tests").info(
-        "SeaweedFS S3 at %s, data %s, log %s", server.endpoint, server.data_dir, server.log_path
-    )
-    try:
+    with SeaweedServer(tmp_path_factory.mktemp("seaweedfs")) as server:
+        logging.getLogger("kvtier.tests").info(
+            "SeaweedFS S3 at %s, data %s, log %s", server.endpoint, server.data_dir, server.log_path
+        )
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -35,23 +31,15 @@ def bucket(s3_server: SeaweedServer) -> str:
 @pytest.fixture(scope="session")
 def seaweed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedCluster]:
     """A replicated SeaweedFS (master, three volume servers, filer, S3; replication 001)."""
-    cluster = SeaweedCluster(tmp_path_factory.mktemp("seaweed-cluster"))
-    cluster.start()
-    logging.getLogger("kvtier.tests").info(
-        "SeaweedFS cluster S3 at %s, logs in %s", cluster.endpoint, cluster.base_dir
-    )
-    try:
+    with SeaweedCluster(tmp_path_factory.mktemp("seaweed-cluster")) as cluster:
+        logging.getLogger("kvtier.tests").info(
+            "SeaweedFS cluster S3 at %s, logs in %s", cluster.endpoint, cluster.base_dir
+        )
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
     """A 3-master + 3-replica Redis Cluster (Debian's redis-server) for one test module."""
-    cluster = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
-    cluster.start()
-    try:
+    with RedisClusterServer(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()

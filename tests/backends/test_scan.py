@@ -111,12 +111,8 @@ def opener_for(backend: str, entry: dict[str, Any]) -> Iterator[Opener]:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-scan"))
-    server.start()
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis-scan")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_host_lists_its_own_namespace() -> None:

@@ -54,12 +54,8 @@ def stored_size(ns: kvtier.Namespace, key: bytes, payload: bytes, codec: str) ->
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-operate"))
-    server.start()
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis-operate")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["fs", "object", "redis"])

@@ -44,12 +44,8 @@ DB_KIT, DB_KIT_UNBOUNDED, DB_CLI, DB_CHAIN, DB_DIRECT = 1, 2, 3, 4, 5
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def raw_client(server: RedisServer, db: int) -> redis.Redis:

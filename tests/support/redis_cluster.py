@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from redis_server import find_redis_server
-from server_process import ServerProcess
+from server_process import ServerProcess, StartedInWith
 
 __all__ = [
     "NODE_TIMEOUT_MS", "ClusterNode", "RedisClusterServer", "find_redis_cli", "free_ports"
@@ -153,7 +153,7 @@ class ClusterNode(ServerProcess):
             return ""
 
 
-class RedisClusterServer:
+class RedisClusterServer(StartedInWith):
     """Three masters and three replicas of ``binary`` (Debian's redis-server by default)."""
 
     def __init__(
@@ -193,13 +193,6 @@ class RedisClusterServer:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-
-    def __enter__(self) -> RedisClusterServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # what tests use -------------------------------------------------------
     @property

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from seaweed import SeaweedServer, _free_ports, find_weed
-from server_process import ServerProcess
+from server_process import ServerProcess, StartedInWith
 
 __all__ = ["SeaweedCluster", "WeedProcess"]
 
@@ -81,7 +81,7 @@ def _http_json(url: str) -> Any:
         return json.loads(response.read() or b"null")
 
 
-class SeaweedCluster:
+class SeaweedCluster(StartedInWith):
     """Master, three volume servers, filer and S3 gateway; S3 on ``endpoint``.
 
     Offers what tests use of :class:`seaweed.SeaweedServer`: ``endpoint``,
@@ -229,13 +229,6 @@ class SeaweedCluster:
     def kill(self) -> None:
         for process in reversed(self.processes):
             process.kill()
-
-    def __enter__(self) -> SeaweedCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def replicas(self, collection: str) -> dict[str, set[str]]:
         """Volume id -> the volume servers holding it, for ``collection`` (a bucket)."""

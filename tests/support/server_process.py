@@ -11,10 +11,33 @@ import atexit
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+_Started = TypeVar("_Started", bound="StartedInWith")
 
 
-class ServerProcess:
+class StartedInWith:
+    """``with`` starts the server and stops it on the way out, whatever the block did.
+
+    For a single server and for the clusters of several, so that a fixture is
+    ``with Server(...) as server: yield server``.
+    """
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Started) -> _Started:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServerProcess(StartedInWith):
     log_path: Path
     _proc: subprocess.Popen[bytes] | None = None
     stop_timeout = 15.0  # seconds from SIGTERM to SIGKILL
@@ -59,13 +82,6 @@ class ServerProcess:
         # a test run that dies without finalizers must not leave a server behind
         if proc.poll() is None:
             proc.kill()
-
-    def __enter__(self) -> Any:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def log_tail(self, lines: int | None = None) -> str:
         try:
