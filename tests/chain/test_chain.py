@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from worker_threads import run_workers
 
 import kvtier
 from kvtier import Namespace, open_chain
@@ -359,11 +360,7 @@ def test_many_threads_never_see_wrong_bytes(tmp_path: Path) -> None:
                 else:
                     chain.evict([key(i)])
 
-        threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_workers(worker, 6)
         assert errors == []
         assert chain.stats()["tiers"][0]["backend_stats"]["used_bytes"] <= 16 * BLOCK
 

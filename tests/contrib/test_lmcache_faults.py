@@ -31,6 +31,7 @@ from lmcache_driver import (  # noqa: E402
     until,
     write_yaml,
 )
+from worker_threads import run_workers  # noqa: E402
 
 from kvtier.contrib.lmcache import kvtier_key  # noqa: E402
 
@@ -57,11 +58,7 @@ def test_store_and_prefetch_threads_at_once(tmp_path: Path, adapter_of: Any, l1:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_workers(worker, 8)
     assert not errors, errors[0]
     assert adapter.report_status()["pinned_keys"] == 0
 

@@ -4,11 +4,11 @@ and requests pipelined over one connection."""
 from __future__ import annotations
 
 import random
-import threading
 from pathlib import Path
 
 from peer_chain import NS, backend_of, block, chain_of, key, peer_tier, read
 from peer_server import PeerServer
+from worker_threads import run_workers
 
 from kvtier import Namespace
 from kvtier.block.framing import Codec, encode
@@ -182,11 +182,7 @@ def test_threads_pipeline_over_one_connection(
                     if got is not None and got != block(i, size):
                         errors.append(f"key {i}: wrong bytes")
 
-        threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_workers(worker, 8)
         assert errors == []
         stats = chain.stats()["tiers"][0]
         assert stats["errors"] == 0 and stats["corrupt"] == 0

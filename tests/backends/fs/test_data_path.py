@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fs_blocks import NS, Opener, as_bytes, blob, files_under, options
+from worker_threads import run_workers
 
 from kvtier.plugins.registry import default_registry
 from kvtier.spec import BytesLike, ConfigError
@@ -225,11 +226,7 @@ def test_four_threads(url: str, opener: Opener, capacity: int | None) -> None:
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    run_workers(worker, 4)
     assert errors == []
     stats = tier.stats()
     if capacity is not None:
