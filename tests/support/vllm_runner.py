@@ -61,7 +61,8 @@ def local_stats() -> list[dict[str, Any]] | None:
             "namespace": tier.namespace.hex,
             "chain": {
                 t["name"]: {k: t[k] for k in ("hits", "misses", "corrupt", "errors", "puts",
-                                              "bytes_in", "bytes_out", "healthy")}
+                                              "bytes_in", "bytes_out", "healthy", "probes",
+                                              "declined")}
                 for t in tier.chain_stats()["tiers"]
             },
             "adapter": tier.adapter_stats(),
