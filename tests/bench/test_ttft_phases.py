@@ -9,27 +9,36 @@ prompt's time into phases that add up to it, in order, and
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).parents[2]
-sys.path.insert(0, str(REPO / "bench"))
 
-from ttft_phases import (  # noqa: E402
-    PHASES,
-    ascii_chart,
-    breakdown,
-    medium_read,
-    object_read,
-    pieces,
-)
+
+def _bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` loaded by its path: bench/ stays off ``sys.path``,
+    where its scripts would shadow tests/support modules of the same name
+    (bench/vllm_slow_tier.py and tests/support/vllm_slow_tier.py)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_phases = _bench_module("ttft_phases")
+PHASES, ascii_chart, breakdown = _phases.PHASES, _phases.ascii_chart, _phases.breakdown
+medium_read, object_read, pieces = _phases.medium_read, _phases.object_read, _phases.pieces
 
 _RECORD = textwrap.dedent("""
     import json, sys, time
