@@ -32,32 +32,31 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SUPPORT = HERE.parent / "tests" / "support"
+sys.path.insert(0, str(HERE))  # bench/ is not a package
+
+from vllm_slow_runs import (  # noqa: E402
+    SUPPORT,
+    VOCAB,
+    add_model_arguments,
+    agrees,
+    medians,
+    prepare,
+)
+
 sys.path.insert(0, str(SUPPORT))
 
 from vllm_slow_tier import chain_yaml, run_engine  # noqa: E402
 
 
-def agrees(run: dict[str, Any], reference: dict[str, Any]) -> bool:
-    return run["token"] == reference["token"] and all(
-        abs(run["logprobs"].get(t, -1e9) - lp) < 1e-3 for t, lp in reference["logprobs"].items()
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--kv-heads", type=int, default=4)
+    add_model_arguments(parser, layers=4, hidden=512, head_dim=64, kv_heads=4)
     parser.add_argument("--slowness", default="0.5,1,1.5,3",
                         help="load time from the slow tier over the recompute time")
     parser.add_argument("--reps", type=int, default=3)
@@ -69,22 +68,10 @@ def main() -> None:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="vllm-slow-"))
     work.mkdir(parents=True, exist_ok=True)
-    model, site = work / "model", work / "site"
-    vocab = 32000
-    if not (model / "config.json").exists():
-        subprocess.run([sys.executable, str(SUPPORT / "make_tiny_llama.py"), str(model),
-                        "--layers", str(args.layers), "--hidden", str(args.hidden),
-                        "--heads", str(args.hidden // args.head_dim),
-                        "--kv-heads", str(args.kv_heads), "--head-dim", str(args.head_dim),
-                        "--vocab", str(vocab), "--init-range", "0.02"],
-                       check=True, capture_output=True)
-    if not site.exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--no-build-isolation", "--target", str(site),
-                        str(SUPPORT / "kvtier-sample-plugin")], check=True)
+    model, site = prepare(work, args)
 
     def engine(config: Path | None, store: bool = False) -> dict[str, Any]:
-        return run_engine(str(model), args.tokens, config, store=store, vocab=vocab,
+        return run_engine(str(model), args.tokens, config, store=store, vocab=VOCAB,
                           pythonpath=str(site), timeout=1800)
 
     slow_dir, fs_dir = work / "slow", work / "fs"
@@ -123,18 +110,7 @@ def main() -> None:
             print(f"rep {rep + 1}/{args.reps} {name:>12}: {result['ttft_s']:.3f} s, "
                   f"{result['cached_tokens']} tokens from kvtier", flush=True)
 
-    base = statistics.median(r["ttft_s"] for r in runs["none"])
-    print(f"\n{'mode':>12} | median TTFT | vs none | tokens from kvtier | probes")
-    table: dict[str, dict[str, Any]] = {}
-    for name, results in runs.items():
-        median = statistics.median(r["ttft_s"] for r in results)
-        tiers = results[0].get("tiers", {})
-        probes = sum(t["probes"] for t in tiers.values())
-        table[name] = {"ttft_s": [r["ttft_s"] for r in results], "median_s": median,
-                       "ratio": median / base,
-                       "cached_tokens": [r["cached_tokens"] for r in results]}
-        print(f"{name:>12} | {median:9.3f} s | {median / base:6.2f}x | "
-              f"{results[0]['cached_tokens']:>18} | {probes}")
+    table = medians(runs, 12)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "tokens": args.tokens, "layers": args.layers, "hidden": args.hidden,
