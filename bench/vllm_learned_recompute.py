@@ -28,45 +28,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # bench/ is not a package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 
-from vllm_slow_runs import (  # noqa: E402
-    SUPPORT,
-    VOCAB,
-    add_model_arguments,
-    agrees,
-    medians,
-    prepare,
-)
-
-sys.path.insert(0, str(SUPPORT))
-
-from vllm_slow_tier import chain_yaml, run_engine  # noqa: E402
+from vllm_slow_runs import add_common_arguments, engines, interleave, medians, workdir
+from vllm_slow_tier import chain_yaml  # tests/support, on the path vllm_slow_runs puts it on
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser, layers=8, hidden=1024, head_dim=128, kv_heads=8)
+    add_common_arguments(parser, layers=8, hidden=1024, head_dim=128, kv_heads=8)
     parser.add_argument("--mbps", type=float, default=20.0, help="the slow tier's MB/s")
-    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-always", action="store_true", help="leave the always mode out")
-    parser.add_argument("--workdir")
-    parser.add_argument("--json", help="write every run's figures here")
     args = parser.parse_args()
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="vllm-learned-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = workdir(args, "vllm-learned-")
     slow_dir = work / "slow"
-    model, site = prepare(work, args)
-
-    def engine(config: Path | None, store: bool = False) -> dict[str, Any]:
-        return run_engine(str(model), args.tokens, config, store=store, vocab=VOCAB,
-                          pythonpath=str(site), timeout=1800)
+    engine = engines(work, args)
 
     slow = {"name": "slow", "backend": "sample-slow", "root": str(slow_dir), "persistent": True}
     learned = engine(chain_yaml(work / "learn.yaml", {**slow, "delay_per_mib": 0.0}, "cost",
@@ -85,18 +64,9 @@ def main() -> None:
     }
     if args.no_always:
         del modes["always"]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
-    wrong = []
-    for rep in range(args.reps):
-        for name, config in modes.items():
-            result = engine(config)
-            runs[name].append(result)
-            if runs["none"] and not agrees(result, runs["none"][0]):
-                wrong.append(name)
-            model_s = result.get("recompute", {}).get("model")
-            print(f"rep {rep + 1}/{args.reps} {name:>8}: {result['ttft_s']:.3f} s, "
-                  f"{result['cached_tokens']} tokens from kvtier, recompute {model_s}",
-                  flush=True)
+    runs, wrong = interleave(
+        engine, modes, args.reps, 8,
+        note=lambda result: f", recompute {result.get('recompute', {}).get('model')}")
 
     table = medians(runs, 8)
     if args.json:

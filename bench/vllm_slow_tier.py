@@ -33,46 +33,26 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # bench/ is not a package
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 
-from vllm_slow_runs import (  # noqa: E402
-    SUPPORT,
-    VOCAB,
-    add_model_arguments,
-    agrees,
-    medians,
-    prepare,
-)
-
-sys.path.insert(0, str(SUPPORT))
-
-from vllm_slow_tier import chain_yaml, run_engine  # noqa: E402
+from vllm_slow_runs import add_common_arguments, engines, interleave, medians, workdir
+from vllm_slow_tier import chain_yaml  # tests/support, on the path vllm_slow_runs puts it on
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser, layers=4, hidden=512, head_dim=64, kv_heads=4)
+    add_common_arguments(parser, layers=4, hidden=512, head_dim=64, kv_heads=4)
     parser.add_argument("--slowness", default="0.5,1,1.5,3",
                         help="load time from the slow tier over the recompute time")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--workdir")
     parser.add_argument("--chart", help="PNG of TTFT against slowness")
-    parser.add_argument("--json", help="write every run's figures here")
     args = parser.parse_args()
     levels = [float(x) for x in args.slowness.split(",")]
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="vllm-slow-"))
-    work.mkdir(parents=True, exist_ok=True)
-    model, site = prepare(work, args)
-
-    def engine(config: Path | None, store: bool = False) -> dict[str, Any]:
-        return run_engine(str(model), args.tokens, config, store=store, vocab=VOCAB,
-                          pythonpath=str(site), timeout=1800)
+    work = workdir(args, "vllm-slow-")
+    engine = engines(work, args)
 
     slow_dir, fs_dir = work / "slow", work / "fs"
     calibration = [engine(None) for _ in range(3)]
@@ -99,16 +79,7 @@ def main() -> None:
             modes[f"{level:g}x {policy}"] = chain_yaml(
                 work / f"slow-{level:g}-{policy}.yaml", {**slow, "delay_per_mib": delay},
                 policy, rate)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
-    wrong = []
-    for rep in range(args.reps):
-        for name, config in modes.items():
-            result = engine(config)
-            runs[name].append(result)
-            if not agrees(result, reference):
-                wrong.append(name)
-            print(f"rep {rep + 1}/{args.reps} {name:>12}: {result['ttft_s']:.3f} s, "
-                  f"{result['cached_tokens']} tokens from kvtier", flush=True)
+    runs, wrong = interleave(engine, modes, args.reps, 12, reference)
 
     table = medians(runs, 12)
     if args.json:
