@@ -16,7 +16,7 @@ from typing import Any
 
 from kvtier.backends.fs.local import LocalStore
 from kvtier.backends.fs.pool import DB_NAME
-from kvtier.plugins.registry import BackendHandle
+from kvtier.plugins.registry import BackendHandle, default_registry
 from kvtier.spec import BytesLike
 
 NS = "0123456789abcdef0123456789abcdef"
@@ -38,6 +38,16 @@ def options(url: str, **over: Any) -> dict[str, Any]:
     }
     opts.update(over)
     return opts
+
+def open_fs(root: Path, handles: list[BackendHandle], namespace: str = NS,
+            **over: Any) -> BackendHandle:
+    """An fs tier on the folder ``root``, open on ``namespace``, ``over`` over the defaults of
+    :func:`options`; added to ``handles`` (the ``handles`` fixture closes them)."""
+    handle = default_registry().create("fs")
+    handle.open(options(f"file://{root}", **over), namespace)
+    handles.append(handle)
+    return handle
+
 
 def block_path(url: str, key: bytes, namespace: str = NS) -> str:
     h = key.hex()

@@ -8,6 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.plugins.registry import BackendHandle
+
+
+@pytest.fixture
+def handles() -> Iterator[list[BackendHandle]]:
+    """The handles a test opens (:func:`fs_blocks.open_fs` adds them), closed after it."""
+    opened: list[BackendHandle] = []
+    yield opened
+    for handle in opened:
+        handle.close()
+
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:

@@ -7,45 +7,25 @@ import fcntl
 import mmap
 import os
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from fs_blocks import store_of
+from fs_blocks import open_fs, store_of
 
 from kvtier import Namespace, open_chain
 from kvtier.backends.fs import direct as fs_direct
 from kvtier.backends.fs.direct import DIRECT_MIN
 from kvtier.block.framing import ALIGN, ALIGN_MIN
-from kvtier.plugins.registry import BackendHandle, default_registry
+from kvtier.plugins.registry import BackendHandle
 
-NS = "00112233445566778899aabbccddeeff"
 #: Sizes around the direct threshold and the 4 KiB alignment, and a typical 2 MiB chunk.
 SIZES = (DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, (1 << 20) + 13, 2 << 20, 3 * 4096 * 100 - 7)
 
 
 def blob(size: int, seed: int) -> bytes:
     return random.Random(seed * 7919 + size).randbytes(size)
-
-
-@pytest.fixture
-def handles() -> Iterator[list[BackendHandle]]:
-    opened: list[BackendHandle] = []
-    yield opened
-    for handle in opened:
-        handle.close()
-
-
-def open_fs(root: Path, handles: list[BackendHandle], **over: Any) -> BackendHandle:
-    handle = default_registry().create("fs")
-    options = {"url": f"file://{root}", "capacity": None, "fsync": False, "io_threads": 4,
-               "storage_options": {}}
-    options.update(over)
-    handle.open(options, NS)
-    handles.append(handle)
-    return handle
 
 
 def scatter_lists(sizes: list[int]) -> tuple[list[bytearray], list[list[memoryview]]]:

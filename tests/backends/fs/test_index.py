@@ -6,35 +6,15 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import xxhash
+from fs_blocks import NS, open_fs
 
 from kvtier.backends.fs import index as fs_index
-from kvtier.plugins.registry import BackendHandle, default_registry
-
-NS = "00112233445566778899aabbccddeeff"
-
-
-@pytest.fixture
-def handles() -> Iterator[list[BackendHandle]]:
-    opened: list[BackendHandle] = []
-    yield opened
-    for handle in opened:
-        handle.close()
-
-
-def open_fs(root: Path, handles: list[BackendHandle], **over: Any) -> BackendHandle:
-    handle = default_registry().create("fs")
-    options = {"url": f"file://{root}", "capacity": None, "fsync": False, "io_threads": 4,
-               "storage_options": {}}
-    options.update(over)
-    handle.open(options, NS)
-    handles.append(handle)
-    return handle
+from kvtier.plugins.registry import BackendHandle
 
 
 def blob(size: int, seed: int) -> bytes:
