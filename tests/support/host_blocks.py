@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Protocol
 
 from kvtier.plugins.registry import BackendHandle, default_registry
 from kvtier.policies import NAMES
+from kvtier.spec import BytesLike
 
 NS = "0123456789abcdef0123456789abcdef"
 MiB = 1024 * 1024
@@ -35,3 +37,23 @@ def k(i: int | str) -> bytes:
 
 def resident(handle: BackendHandle, keys: Sequence[bytes]) -> set[bytes]:
     return {key for key, hit in zip(keys, handle.lookup(keys), strict=True) if hit}
+
+
+class PaperModel(Protocol):
+    """A policy as its paper writes it, on blocks of one size: ``put`` appends what it evicts."""
+
+    def put(self, key: bytes, evicted: list[bytes], /) -> None: ...
+
+
+def put_as_the_paper_does(handle: BackendHandle, paper: PaperModel, keys: list[bytes],
+                          size: int) -> None:
+    """Puts ``keys`` (each block its key padded to ``size``) into the tier and into ``paper``:
+    the tier must evict the blocks the paper evicts, in its order, and hand back their bytes."""
+    got: list[tuple[bytes, BytesLike]] = []
+    handle.put(keys, [key.ljust(size, b".") for key in keys], got)
+    want: list[bytes] = []
+    for key in dict.fromkeys(keys):  # a key repeated in one put counts once
+        paper.put(key, want)
+    evicted = [key for key, _ in got]
+    assert evicted == want, (evicted, want)
+    assert all(bytes(data) == key.ljust(size, b".") for key, data in got), evicted

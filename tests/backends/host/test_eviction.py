@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import pytest
-from host_blocks import block, k, open_host, resident
+from host_blocks import block, k, open_host, put_as_the_paper_does, resident
 
 from kvtier.spec import BytesLike
 
@@ -240,13 +240,7 @@ def test_arc_matches_the_paper_for_equal_sizes(seed: int) -> None:
     for _ in range(600):
         keys = [rng.choice(hot if rng.random() < 0.5 else cold) for _ in range(rng.randint(1, 4))]
         if rng.random() < 0.6:
-            got: list[tuple[bytes, BytesLike]] = []
-            handle.put(keys, [key.ljust(size, b".") for key in keys], got)
-            want: list[bytes] = []
-            for key in dict.fromkeys(keys):  # a key repeated in one put counts once
-                paper.put(key, want)
-            assert [key for key, _ in got] == want
-            assert all(bytes(data) == key.ljust(size, b".") for key, data in got)
+            put_as_the_paper_does(handle, paper, keys, size)
         else:
             handle.get(keys)
             for key in keys:
