@@ -16,35 +16,18 @@ however slow (``always (no recompute model configured)``).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sample_plugin import sample_plugin
-from shared_pool import build_tiny_model
-from vllm_slow_tier import chain_yaml, run_engine
+from vllm_slow_checks import CHUNK, SLOWER, TOKENS, needs_vllm, prompt_engine, same_output
+from vllm_slow_tier import chain_yaml
 
 __all__ = ["sample_plugin"]
 
 log = logging.getLogger("kvtier.tests")
-
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
-)
-
-
-TOKENS = 2048
-CHUNK = 32  # tokens a block: vLLM's block size, one kvtier key each
-SLOWER = 3.0  # loading the prompt from the slow tier takes this many recomputes
-
-
-def same_output(run: dict[str, Any], reference: dict[str, Any]) -> None:
-    assert run["token"] == reference["token"]
-    assert run["logprobs"].keys() == reference["logprobs"].keys()
-    for token, logprob in reference["logprobs"].items():
-        assert run["logprobs"][token] == pytest.approx(logprob, abs=1e-3)
 
 
 def slow_tier(slow_dir: Path, delay: float) -> dict[str, Any]:
@@ -57,12 +40,8 @@ def slow_tier(slow_dir: Path, delay: float) -> dict[str, Any]:
 def test_a_fresh_process_declines_a_slow_tier_by_what_the_first_one_learned(
     tmp_path: Path, sample_plugin: str
 ) -> None:
-    model = build_tiny_model(tmp_path / "model")
+    engine = prompt_engine(tmp_path, sample_plugin)
     slow_dir = tmp_path / "slow"
-
-    def engine(config: Path | None, store: bool = False) -> dict[str, Any]:
-        return run_engine(model, TOKENS, config, store=store, pythonpath=sample_plugin)
-
     plain = engine(None)
     # no recompute entry: the first process loads blindly, computes, and learns
     first = engine(chain_yaml(tmp_path / "first.yaml", slow_tier(slow_dir, 0.0), "cost", None),

@@ -19,28 +19,17 @@ every run.  The times are logged; ``bench/vllm_slow_tier.py`` measures them.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
-from typing import Any
 
-import pytest
 import yaml
 from sample_plugin import sample_plugin
-from shared_pool import build_tiny_model
-from vllm_slow_tier import chain_yaml, run_engine
+from vllm_slow_checks import CHUNK, SLOWER, TOKENS, needs_vllm, prompt_engine, same_output
+from vllm_slow_tier import chain_yaml
 
 __all__ = ["sample_plugin"]
 
 log = logging.getLogger("kvtier.tests")
-
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
-)
-
-TOKENS = 2048
-CHUNK = 32  # tokens a block: vLLM's block size, one kvtier key each
-SLOWER = 3.0  # loading the prompt from the slow tier takes this many recomputes
 
 
 def chain(path: Path, slow_dir: Path, policy: str, delay: float,
@@ -48,13 +37,6 @@ def chain(path: Path, slow_dir: Path, policy: str, delay: float,
     tier = {"name": "slow", "backend": "sample-slow", "root": str(slow_dir),
             "delay_per_mib": delay}
     return chain_yaml(path, tier, policy, rate)
-
-
-def same_output(run: dict[str, Any], reference: dict[str, Any]) -> None:
-    assert run["token"] == reference["token"]
-    assert run["logprobs"].keys() == reference["logprobs"].keys()
-    for token, logprob in reference["logprobs"].items():
-        assert run["logprobs"][token] == pytest.approx(logprob, abs=1e-3)
 
 
 def test_the_chain_behind_vllms_cpu_tier_keeps_the_load_policy_and_recording(
@@ -80,12 +62,8 @@ def test_the_chain_behind_vllms_cpu_tier_keeps_the_load_policy_and_recording(
 def test_a_slow_tier_is_declined_in_a_fresh_process_and_always_loads_it(
     tmp_path: Path, sample_plugin: str
 ) -> None:
-    model = build_tiny_model(tmp_path / "model")
+    engine = prompt_engine(tmp_path, sample_plugin)
     slow_dir = tmp_path / "slow"
-
-    def engine(config: Path | None, store: bool = False) -> dict[str, Any]:
-        return run_engine(model, TOKENS, config, store=store, pythonpath=sample_plugin)
-
     plain = engine(None)
     assert plain["cached_tokens"] == 0
     stored = engine(chain(tmp_path / "store.yaml", slow_dir, "always", 0.0), store=True)
