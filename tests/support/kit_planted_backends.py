@@ -207,6 +207,19 @@ class NativeWrites(DictBackend):
             _LIBC.unlink(str(self._path(key)).encode())
 
 
+class DeclaresNativeWrites(NativeWrites):
+    """NativeWrites that says so: correct, and the kit must certify it, skipping the
+    every-step crash test with this reason (the random-instants one still runs)."""
+
+    kit_native_writes = "every file is written and renamed by libc, called through ctypes"
+
+
+class BlankNativeWrites(NativeWrites):
+    """Declares native writes without saying why: a declaration the kit refuses."""
+
+    kit_native_writes = " "
+
+
 class RefusesWithValueError(DictBackend):
     """Refuses a bad ``scan_batch`` with a plain ValueError, which names no option."""
 

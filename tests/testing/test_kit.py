@@ -21,12 +21,13 @@ from typing import Any
 import click
 import pytest
 from kit_broken_backends import BROKEN
-from kit_planted_backends import PLANTED
+from kit_planted_backends import PLANTED, DeclaresNativeWrites
 
 import kvtier
 from kvtier.cli.conformance import parse_option
 from kvtier.spec import CONTRACT_VERSION
 from kvtier.testing import GROUPS, BackendTests, KitBase
+from kvtier.testing.crash import CrashSafetyTests
 
 
 class TestReferenceBackend(BackendTests):
@@ -431,3 +432,61 @@ def test_plugin_registers_the_marker_and_selects_groups(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True,
     )
     assert wrong.returncode == 4 and "invalid choice" in wrong.stderr
+
+
+# --- a backend whose writes are all native says so ------------------------
+# NativeWrites writes through libc: the every-step crash test sees no I/O call
+# of its puts.  Undeclared, that fails saying how to declare it; declared with
+# kit_native_writes (or the kit class's native_writes), the test skips with the
+# reason and the random-instants test, which kills inside native calls, passes.
+def _crash_safety(name: str, tmp_path: Path) -> tuple[int, str, dict[str, Any]]:
+    proc, report = conformance(
+        f"kit_planted_backends:{name}", tmp_path,
+        "--option", f"dir={tmp_path / 'store'}", "--option", "capacity=4MiB",
+        "--group", "crash_safety",
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr, report["groups"]["crash_safety"]
+
+
+def test_zero_kill_points_undeclared_fail_saying_how_to_declare(tmp_path: Path) -> None:
+    code, shown, group = _crash_safety("NativeWrites", tmp_path)
+    assert code == 1, shown
+    assert [f["test"] for f in group["failures"]] == ["test_sigkill_at_every_step_of_a_put"]
+    message = group["failures"][0]["message"]
+    assert "0 kill points" in message and "nothing was certified" in message, message
+    assert 'declare it with a reason: kit_native_writes = "why"' in message, message
+    assert group["figures"]["kill_points"] == 0, group
+
+
+def test_declared_native_writes_skip_every_step_with_the_reason(tmp_path: Path) -> None:
+    code, shown, group = _crash_safety("DeclaresNativeWrites", tmp_path)
+    assert code == 0, shown
+    assert (group["passed"], group["failed"], group["skipped"]) == (1, 0, 1), group
+    (reason,) = group["skip_reasons"]
+    assert reason.startswith("0 kill points, the backend's writes are native: "), reason
+    assert DeclaresNativeWrites.kit_native_writes in reason, reason
+    assert "test_sigkill_at_random_instants_leaves_no_partial_blocks" in reason, reason
+    assert group["figures"]["kill_points"] == 0, group
+    assert DeclaresNativeWrites.kit_native_writes in shown  # the table prints it
+
+
+def test_native_writes_declared_without_a_reason_is_refused(tmp_path: Path) -> None:
+    code, shown, group = _crash_safety("BlankNativeWrites", tmp_path)
+    assert code == 1, shown
+    assert [f["test"] for f in group["failures"]] == ["test_sigkill_at_every_step_of_a_put"]
+    assert "a declaration of native writes is a sentence" in group["failures"][0]["message"]
+
+
+class TestNativeWritesDeclaredOnTheKitClass(CrashSafetyTests):
+    """The kit class's ``native_writes``, for a backend whose author cannot change it."""
+
+    backend = "kit_planted_backends:NativeWrites"
+    native_writes = "the planted backend writes through libc"
+
+    @pytest.fixture
+    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"dir": str(tmp_path / "store"), "capacity": "4MiB"}
+
+    def test_every_step_skips_with_the_class_reason(self, record_property: Any) -> None:
+        with pytest.raises(pytest.skip.Exception, match="writes through libc"):
+            self.test_sigkill_at_every_step_of_a_put(record_property)
