@@ -134,6 +134,11 @@ class ObjectBackend(Scan):
 
     name = "object"
     OPTIONS = OPTIONS
+    #: For the conformance kit's every-step crash test (kvtier.testing.crash).
+    kit_native_writes = (
+        "obstore PUTs each block as one whole object, in Rust, with no Python-level "
+        "I/O call to kill before; S3 publishes an object whole or not at all"
+    )
 
     def __init__(self) -> None:
         # No I/O here: kvtier instantiates backends just to read their options.

@@ -27,6 +27,7 @@ a torn block finds it on every run.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import json
@@ -37,6 +38,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Mapping
 from types import FrameType
 from typing import Any
@@ -65,13 +67,18 @@ IO_CALLS = frozenset(
     }
 )  # fmt: skip
 
-#: Strings, whose ``replace`` (and a bytearray's ``remove``) share a name with
-#: an I/O call but write nothing: a kill before one stops the writer where a
-#: kill before the next I/O call does, so they are not numbered.  Numbered,
-#: they made a put through an HTTP client look like a hundred steps (botocore
-#: builds each request with dozens of ``str.replace``), most of them one step,
-#: and the every-step test sampled 42 of them, not sure to reach every real one.
-NOT_IO = (str, bytes, bytearray)
+#: Values whose methods share a name with an I/O call (``str.replace``,
+#: ``list.remove``, ``deque.remove`` inside :mod:`threading`, a generator's
+#: ``send`` and ``close``): no byte reaches storage through them, and a kill
+#: before one stops the writer where a kill before the next I/O call does, so
+#: they are not numbered.  Numbered, they made a put through an HTTP client
+#: look like a hundred steps (botocore builds each request with dozens of
+#: ``str.replace``), and a store whose I/O is all native (obstore) look like
+#: one with two steps to cut between, both of them a lock's bookkeeping.
+NOT_IO = (
+    str, bytes, bytearray, list, set, frozenset, dict, tuple, collections.deque,
+    types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
+)  # fmt: skip
 
 
 def _open(config: Mapping[str, Any]) -> BackendHandle:
@@ -129,7 +136,7 @@ class _Cutter:
             return
         owner = getattr(arg, "__self__", None)
         if isinstance(owner, NOT_IO):
-            return  # str.replace: not I/O
+            return  # str.replace, list.remove, a generator's send: not I/O
         if name == "__exit__" and not isinstance(owner, (io.IOBase, socket.socket)):
             return  # a lock's or another context manager's exit, not I/O
         number = next(self._numbers)

@@ -1,4 +1,4 @@
-"""The every-step crash test numbers I/O calls, not the string methods named like them.
+"""The every-step crash test numbers I/O calls, not the methods of values named like them.
 
 A put through an HTTP client (fs on S3 through s3fs and botocore) calls
 ``str.replace`` dozens of times per request: numbered as I/O calls, they made
@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvtier.testing.crash_child import _Cutter
+
+
+def _generator() -> Iterator[int]:
+    while True:
+        yield 1
 
 
 def _numbered(work: Callable[[], None]) -> int:
@@ -51,6 +57,22 @@ def test_string_methods_named_like_io_calls_are_not() -> None:
     assert _numbered(no_io) == 0
 
 
+def test_container_and_generator_methods_named_like_io_calls_are_not() -> None:
+    """A store whose I/O is all native (obstore) showed two "kill points", both
+    a ``deque.remove`` of :mod:`threading`'s waiters: no step of its put."""
+
+    def no_io() -> None:
+        [1, 2].remove(1)
+        {1, 2}.remove(1)
+        deque([1, 2]).remove(1)
+        gen = _generator()
+        next(gen)
+        gen.send(None)
+        gen.close()
+
+    assert _numbered(no_io) == 0
+
+
 def test_both_together_count_only_the_io(tmp_path: Path) -> None:
     target = tmp_path / "block"
 
@@ -59,6 +81,8 @@ def test_both_together_count_only_the_io(tmp_path: Path) -> None:
         out = open(name, "wb")  # noqa: SIM115
         out.write(b"x")
         out.close()
+        pending = [name]
+        pending.remove(name)
         os.replace(name, target)
 
     assert _numbered(mixed) == 4

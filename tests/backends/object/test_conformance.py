@@ -7,7 +7,12 @@ The kit on a replicated SeaweedFS cluster is in ``test_on_cluster.py``.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +65,28 @@ class TestObjectWithCapacity(BackendTests):
             "object bounds each writer's view of the namespace, which learns of the others' "
             "blocks at its next LIST: N writers hold up to N x capacity (docs/shared-capacity.md)"
         )
+
+
+def test_cli_certifies_crash_safety_of_native_writes(
+    s3_server: SeaweedServer, kit_bucket: str, tmp_path: Path
+) -> None:
+    """``kvtier conformance object`` reads the backend's ``kit_native_writes``: obstore
+    makes no Python-level I/O call, so the every-step crash test skips with the
+    backend's reason, and the random-instants one runs and passes."""
+    options = object_options(s3_server, kit_bucket)
+    del options["allow_http"]  # derived from the endpoint's http://
+    report = tmp_path / "report.json"
+    cli = "from kvtier.cli.conformance import conformance_command; conformance_command()"
+    args = [f"--option={key}={value}" for key, value in options.items()]
+    proc = subprocess.run(
+        [sys.executable, "-c", cli, "object", *args, "--group", "crash_safety",
+         "--report", str(report)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        env=dict(os.environ, COLUMNS="200"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    group = json.loads(report.read_text())["groups"]["crash_safety"]
+    assert (group["passed"], group["failed"], group["skipped"]) == (1, 0, 1), group
+    (reason,) = group["skip_reasons"]
+    assert reason.startswith("0 kill points, the backend's writes are native: obstore"), reason
+    assert group["figures"]["kill_points"] == 0, group
