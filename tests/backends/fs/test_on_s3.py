@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import pytest
 from seaweed import SeaweedServer
+from writer_process import put_in_another_process
 
 from kvtier import Namespace, open_chain
 from kvtier.plugins.registry import BackendHandle, default_registry
@@ -75,27 +72,9 @@ def test_round_trips_and_lookups(s3_server: SeaweedServer, bucket: str) -> None:
 
 def test_blocks_survive_a_restart(s3_server: SeaweedServer, bucket: str) -> None:
     """Written by another process, found by a new instance (index rebuilt from a LIST)."""
-    script = textwrap.dedent(
-        """
-        import json, random, sys
-        from kvtier.plugins.registry import default_registry
-        opts, ns = json.loads(sys.argv[1]), sys.argv[2]
-        handle = default_registry().create("fs")
-        handle.open(opts, ns)
-        keys = [i.to_bytes(8, "big") + b"fs3" for i in range(5)]
-        blocks = [random.Random(i * 1_000_003 + 3000).randbytes(3000) for i in range(5)]
-        assert handle.put(keys, blocks, []) == [True] * 5
-        handle.close()
-        """
-    )
     opts = options(s3_server, bucket, capacity="1MiB")
-    done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(opts), NS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    put_in_another_process("fs", opts, NS, [key(i) for i in range(5)],
+                           [blob(3000, i) for i in range(5)])
     store = opened(opts)
     try:
         assert store.capabilities().persistent

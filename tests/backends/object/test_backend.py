@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import random
 import socket
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +11,7 @@ from typing import Any
 
 import pytest
 from seaweed import SeaweedServer
+from writer_process import put_in_another_process
 
 import kvtier
 import kvtier.chain.health
@@ -236,27 +233,9 @@ def test_max_age_deletes_old_blocks(open_backend: Opener, monkeypatch: pytest.Mo
 
 
 def test_blocks_survive_the_process(s3_server: SeaweedServer, bucket: str) -> None:
-    script = textwrap.dedent(
-        """
-        import json, random, sys
-        from kvtier.plugins.registry import BackendRegistry
-        opts, ns = json.loads(sys.argv[1]), sys.argv[2]
-        handle = BackendRegistry().create("object")
-        handle.open(opts, ns)
-        keys = [i.to_bytes(8, "big") + b"obj" for i in range(6)]
-        blocks = [random.Random(i * 1_000_003 + 5000).randbytes(5000) for i in range(6)]
-        assert handle.put(keys, blocks, []) == [True] * 6
-        handle.close()
-        """
-    )
     opts = options(s3_server, bucket)
-    done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(opts), NS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    put_in_another_process("object", opts, NS, [key(i) for i in range(6)],
+                           [blob(5000, i) for i in range(6)])
     handle = registry().create("object")
     handle.open(opts, NS)
     try:
