@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mounts import mounted
 
 from kvtier.plugins.registry import BackendHandle
 
@@ -25,11 +25,5 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs mounted for the test: a filesystem that fills, with its own free space."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
-                           capture_output=True, text=True, check=False)
-    if mount.returncode:
-        pytest.skip(f"mount refused: {mount.stderr.strip()}")
-    try:
+    with mounted(disk, "-t", "tmpfs", "-o", "size=16m", "tmpfs"):
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from fs_blocks import NS
 from fs_pool_child import block, open_backend
+from mounts import mounted
 
 from kvtier.backends.fs.pool_db import wal_limit
 from kvtier.backends.fs.pool_files import ALLOWANCE
@@ -112,14 +113,8 @@ def ext4(tmp_path: Path) -> Iterator[Path]:
                           text=True, check=False)
     if made.returncode:
         pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
-    mount = subprocess.run(["mount", "-o", "loop", str(image), str(disk)],
-                           capture_output=True, text=True, check=False)
-    if mount.returncode:
-        pytest.skip(f"mount refused: {mount.stderr.strip()}")
-    try:
+    with mounted(disk, "-o", "loop", str(image)):
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def file_bytes(root: Path) -> tuple[int, int]:
