@@ -30,7 +30,9 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any, Protocol
 
 from server_process import ServerProcess
 
@@ -298,3 +300,28 @@ class SeaweedServer(ServerProcess):
         with urllib.request.urlopen(request, timeout=timeout) as response:
             data: bytes = response.read()
         return data
+
+
+class S3Service(Protocol):
+    """What the ``object`` tier's options take of a server: :class:`SeaweedServer`'s, or a
+    :class:`seaweed_cluster.SeaweedCluster`'s."""
+
+    endpoint: str
+    region: str
+    access_key: str
+    secret_key: str
+
+
+def object_options(s3: S3Service, bucket: str, **over: Any) -> dict[str, Any]:
+    """The ``object`` tier's options on ``bucket`` of ``s3``, ``over`` added."""
+    return {
+        "bucket": bucket,
+        "endpoint": s3.endpoint,
+        "region": s3.region,
+        "access_key_id": s3.access_key,
+        "secret_access_key": s3.secret_key,
+        "allow_http": True,
+        # a prefix per test as well: a leftover of one test can never answer in another
+        "prefix": f"kit/{uuid.uuid4().hex[:8]}",
+        **over,
+    }

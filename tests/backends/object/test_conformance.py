@@ -11,12 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from seaweed import SeaweedServer
+from seaweed import SeaweedServer, object_options
 
 from kvtier.testing import BackendTests
 
@@ -24,20 +23,6 @@ from kvtier.testing import BackendTests
 #: trip to a server sharing two cores with the test, so fewer examples than the
 #: kit's default of 50 keep the run short while still mixing every operation.
 REMOTE_STATEFUL_EXAMPLES = 15
-
-
-def object_options(server: SeaweedServer, bucket: str, **over: Any) -> dict[str, Any]:
-    return {
-        "bucket": bucket,
-        "endpoint": server.endpoint,
-        "region": server.region,
-        "access_key_id": server.access_key,
-        "secret_access_key": server.secret_key,
-        "allow_http": True,
-        # a prefix per test as well: a leftover of one test can never answer in another
-        "prefix": f"kit/{uuid.uuid4().hex[:8]}",
-        **over,
-    }
 
 
 class TestObjectOnSeaweed(BackendTests):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from seaweed import object_options
 from seaweed_cluster import SeaweedCluster
 
 from kvtier import Chain, Namespace, open_chain
@@ -29,19 +30,6 @@ log = logging.getLogger("kvtier.tests")
 #: As on the single server (tests/test_kit_remote.py): every stateful step is
 #: a round trip through the gateway, filer and two volume servers.
 CLUSTER_STATEFUL_EXAMPLES = 10
-
-
-def cluster_options(cluster: SeaweedCluster, bucket: str, **over: Any) -> dict[str, Any]:
-    return {
-        "bucket": bucket,
-        "endpoint": cluster.endpoint,
-        "region": cluster.region,
-        "access_key_id": cluster.access_key,
-        "secret_access_key": cluster.secret_key,
-        "allow_http": True,
-        "prefix": f"kit/{uuid.uuid4().hex[:8]}",  # a leftover never answers in another test
-        **over,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +46,7 @@ class TestObjectOnCluster(BackendTests):
     def backend_options(
         self, seaweed_cluster: SeaweedCluster, cluster_bucket: str
     ) -> dict[str, Any]:
-        return cluster_options(seaweed_cluster, cluster_bucket)
+        return object_options(seaweed_cluster, cluster_bucket)
 
 
 class TestObjectWithCapacityOnCluster(BackendTests):
@@ -69,7 +57,7 @@ class TestObjectWithCapacityOnCluster(BackendTests):
     def backend_options(
         self, seaweed_cluster: SeaweedCluster, cluster_bucket: str
     ) -> dict[str, Any]:
-        return cluster_options(seaweed_cluster, cluster_bucket, capacity="1MiB")
+        return object_options(seaweed_cluster, cluster_bucket, capacity="1MiB")
 
     def test_capacity_holds_for_all_instances_together(self) -> None:
         pytest.skip(
@@ -80,7 +68,7 @@ class TestObjectWithCapacityOnCluster(BackendTests):
 
 def test_every_volume_has_two_copies(seaweed_cluster: SeaweedCluster, cluster_bucket: str) -> None:
     chain = open_chain({"chain": [{"name": "s3", "backend": "object",
-                                   **cluster_options(seaweed_cluster, cluster_bucket)}]},
+                                   **object_options(seaweed_cluster, cluster_bucket)}]},
                        namespace=NS)
     with chain:
         assert all(chain.put([block_key(i)], [payload(i)]) == [True] for i in range(20))
@@ -155,7 +143,7 @@ class Load:
 def test_volume_server_killed_mid_run(doomed_cluster: SeaweedCluster) -> None:
     bucket = doomed_cluster.make_bucket(f"kvt-kill-{uuid.uuid4().hex[:8]}")
     tier = {"name": "s3", "backend": "object",
-            **cluster_options(doomed_cluster, bucket, request_timeout="10s")}
+            **object_options(doomed_cluster, bucket, request_timeout="10s")}
     with open_chain({"chain": [tier]}, namespace=NS) as chain:
         load = Load(chain)
         threads = [threading.Thread(target=load.work, args=(n,)) for n in range(THREADS)]
