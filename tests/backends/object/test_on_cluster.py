@@ -41,23 +41,17 @@ def cluster_bucket(seaweed_cluster: SeaweedCluster) -> str:
 class TestObjectOnCluster(BackendTests):
     backend = "object"
     stateful_max_examples = CLUSTER_STATEFUL_EXAMPLES
+    extra_options: dict[str, Any] = {}  # what a subclass adds to the tier's options
 
     @pytest.fixture
     def backend_options(
         self, seaweed_cluster: SeaweedCluster, cluster_bucket: str
     ) -> dict[str, Any]:
-        return object_options(seaweed_cluster, cluster_bucket)
+        return object_options(seaweed_cluster, cluster_bucket, **self.extra_options)
 
 
-class TestObjectWithCapacityOnCluster(BackendTests):
-    backend = "object"
-    stateful_max_examples = CLUSTER_STATEFUL_EXAMPLES
-
-    @pytest.fixture
-    def backend_options(
-        self, seaweed_cluster: SeaweedCluster, cluster_bucket: str
-    ) -> dict[str, Any]:
-        return object_options(seaweed_cluster, cluster_bucket, capacity="1MiB")
+class TestObjectWithCapacityOnCluster(TestObjectOnCluster):
+    extra_options = {"capacity": "1MiB"}
 
     def test_capacity_holds_for_all_instances_together(self) -> None:
         pytest.skip(
