@@ -459,7 +459,8 @@ def test_bad_options_are_config_errors(options: dict[str, Any], key: str) -> Non
     [
         ("url: memcached://h:1", "redis://"),
         ("capacity: 0", "at least 1"),
-        ("max_connections: 0", "at least 1"),
+        ("concurrency: 0", "expected 1 or more, got 0"),
+        ("max_connections: 0", "expected 1 or more, got 0"),  # the old key, named as written
         ("batch_bytes: 0", "at least 1"),
         ("timeout: .nan", "expected a finite number, got nan"),
         ("connect_timeout: .inf", "expected a finite number, got inf"),
