@@ -121,7 +121,7 @@ class Reopen:
         tier = self._tier
         handle = self._fresh()
         try:
-            handle.open(tier.config.options, tier.namespace.hex)
+            handle.open(tier.options_for(handle), tier.namespace.hex)
         except BaseException:
             close_quietly(handle)  # half opened, perhaps: let it free what it took
             raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvtier.block import framing
@@ -41,7 +41,6 @@ log = logging.getLogger("kvtier.chain.tier")
 
 Evicted = list[tuple[bytes, BytesLike]]
 T = TypeVar("T")
-
 #: Bytes per get_into call to an in-process backend, see :meth:`Tier._cache_sized`.
 _CACHE_BATCH = 4 << 20
 
@@ -86,7 +85,7 @@ class Tier:
         later (:class:`~kvtier.chain.health.Reopen`, which calls ``opened``).
         """
         try:
-            self.handle.open(self.config.options, self.namespace.hex)
+            self.handle.open(self.options_for(self.handle), self.namespace.hex)
         except ConfigError as exc:
             raise self._config_error(exc) from exc
         except Exception as exc:
@@ -98,6 +97,11 @@ class Tier:
         self._install(self.handle)
         if opened is not None:
             opened()
+
+    def options_for(self, handle: BackendHandle) -> Mapping[str, Any]:
+        """The tier's options, and the namespace's tenant where the backend counts tenants."""
+        tenant = {"tenant": self.namespace.tenant} if "tenant" in handle.options() else {}
+        return {**self.config.options, **tenant}
 
     def _install(self, handle: BackendHandle) -> None:
         capabilities = handle.capabilities()

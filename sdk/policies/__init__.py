@@ -12,14 +12,16 @@ the other three hits most).  Beside them are the miniature simulations of
 online sizing (:mod:`.sizing`), the chain's admission sketch to the tiers
 below the first (:mod:`.admission`), and :class:`Partitioned`
 (:mod:`.partitions`), several partitions with quotas in one capacity, each
-with a policy of its own.
+with a policy of its own, and the tenants' rules of a tier (:mod:`.tenancy`:
+quotas, weights, retention budgets, expiry, and the fair shares they give).
 
 The host tier, the fs and object tiers (and the fs pool's SQL S3-FIFO,
 checked against :class:`S3Fifo`), ``kvtier plan``, vLLM's ``CachePolicy``
 classes and third-party backends all use these objects.
 
-May import :mod:`kvtier.spec` (the sizing option's declaration); nothing
-else of kvtier.  Backends, the chain, plan and contrib import it.
+May import :mod:`kvtier.spec` (the sizing option's declaration) and
+:mod:`kvtier.plugins` (sizes and durations of the ``tenants`` and ``expire``
+options, :mod:`.tenancy`); nothing else of kvtier.  Backends, the chain, plan and contrib import it.
 """
 
 from __future__ import annotations
