@@ -19,6 +19,13 @@ prefix from a slow tier before it knows the tier is slow; where nothing measured
 is trusted: its hits are loaded, and that load measures it.  A tier that was
 slow and declined is probed again once its measurements are old.
 
+What a process measured of each tier is kept at close beside the learned
+recompute model (:mod:`kvtier.chain.learned_cost`).  A later process that
+finds the tier unmeasured takes that fit, once, as one read made then, where
+it says the tier is slower than recomputing: it declines the tier without
+probing it.  A kept fit that says the tier is fast is not taken: the tier
+is probed, so one that turned slow since is not loaded blindly.
+
 :class:`LoadDecision` answers an engine's "how much of this prefix do you
 hold" with the prefix that saves the most time: ``load_margin`` times the
 predicted time to recompute its tokens, less its predicted load time summed
@@ -31,11 +38,11 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
-from kvtier.chain.learned_cost import RecomputeModel, open_model
+from kvtier.chain.learned_cost import RecomputeModel, open_model, tier_key
 from kvtier.config.load_policy import LoadConfig
 
 __all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
@@ -66,6 +73,7 @@ class LoadCost:
         self._at = 0.0
         # decayed sums: weight, bytes, seconds, bytes^2, bytes*seconds, seconds^2, bytes/block
         self._w = self._x = self._y = self._xx = self._xy = self._yy = self._b = 0.0
+        self._last: dict[str, float] | None = None  # the fit after the latest read, undecayed
 
     def _decay(self, now: float) -> float:
         """Age the sums to ``now``; returns the weight left."""
@@ -102,6 +110,34 @@ class LoadCost:
             self._b += x / blocks
             if self._w > _CAP:
                 self._scale(_CAP / self._w)
+            self._last = self._means()
+
+    def _means(self) -> dict[str, float]:
+        # the fit is the same for sums scaled by any factor: their means are the fit
+        sums = ("x", self._x), ("y", self._y), ("xx", self._xx), ("xy", self._xy), \
+            ("yy", self._yy), ("b", self._b)
+        return {name: value / self._w for name, value in sums}
+
+    def state(self) -> dict[str, float] | None:
+        """What this process last measured of the tier (the fit after its latest read,
+        however old now), to keep; None where it read nothing from the tier."""
+        with self._lock:
+            return None if self._last is None else dict(self._last)
+
+    def seed(self, state: Mapping[str, Any]) -> bool:
+        """Take a kept :meth:`state` as one read's worth of measurements made now (it
+        decays from here like a read); False, taking nothing, where it does not check out."""
+        names = ("x", "y", "xx", "xy", "yy", "b")
+        values = [state.get(name) for name in names]
+        if not all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in values):
+            return False
+        with self._lock:
+            self._decay(self._clock())
+            if self._w:  # measured meanwhile: this process's reads win
+                return False
+            self._w = 1.0
+            self._x, self._y, self._xx, self._xy, self._yy, self._b = values
+        return self.fit() is not None
 
     def fit(self) -> tuple[float, float, float, float] | None:
         """``(latency s, seconds per byte, relative spread, bytes per block)``, or None
@@ -162,7 +198,8 @@ class LoadDecision:
 
     def __init__(self, config: LoadConfig, tiers: int, tokens_per_block: int,
                  clock: Callable[[], float] | None = None,
-                 recompute: RecomputeModel | None = None) -> None:
+                 recompute: RecomputeModel | None = None,
+                 tier_keys: Sequence[str] = ()) -> None:
         self.config = config
         #: the configured ``recompute``, else the one learned (:mod:`kvtier.chain.learned_cost`)
         self.recompute = recompute or RecomputeModel(config.recompute)
@@ -173,6 +210,9 @@ class LoadDecision:
         self._declined_tokens = [0] * tiers
         self._probes = [0] * tiers
         self._probing = [threading.Lock() for _ in range(tiers)]
+        #: per tier, how the record names its load cost (none: not kept)
+        self.tier_keys = list(tier_keys)
+        self._kept = [0] * tiers  # kept fits taken instead of a probe
 
     @classmethod
     def for_chain(cls, config: LoadConfig, tiers: Sequence[Any], registry: Any) -> LoadDecision:
@@ -180,7 +220,8 @@ class LoadDecision:
         in the first persistent tier of ``tiers`` (:func:`.learned_cost.open_model`)."""
         tokens = tiers[0].namespace.tokens_per_block if tiers else 0
         return cls(config, len(tiers), tokens,
-                   recompute=open_model(config.recompute, tiers, registry))
+                   recompute=open_model(config.recompute, tiers, registry),
+                   tier_keys=[tier_key(tier.config) for tier in tiers])
 
     @property
     def weighs(self) -> bool:
@@ -207,13 +248,34 @@ class LoadDecision:
         return seconds, self.recompute.source
 
     def close(self) -> None:
-        """Keep what was learned (the chain closes)."""
-        self.recompute.save()
+        """Keep what was learned (the chain closes): the recompute model, and what this
+        process measured of each tier."""
+        loads = {key: state for key, cost in zip(self.tier_keys, self.costs)
+                 if (state := cost.state()) is not None}
+        self.recompute.save(loads)
 
     def unmeasured(self, where: Sequence[int | None]) -> list[int]:
-        """The tiers in ``where`` (a lookup's answer) with no recent reads, each once."""
+        """The tiers in ``where`` (a lookup's answer) with no recent reads, each once;
+        a tier an earlier process found slower than recomputing is judged by that
+        (:meth:`_take_kept`)."""
         tiers = {t for t in where if t is not None}
-        return sorted(t for t in tiers if not self.measured(t))
+        return sorted(t for t in tiers if not self.measured(t) and not self._take_kept(t))
+
+    def _take_kept(self, tier: int) -> bool:
+        """Take the load cost an earlier process kept for ``tier`` (once a process), where
+        it says the tier is slower than recomputing; whether it did."""
+        key = self.tier_keys[tier] if tier < len(self.tier_keys) else None
+        state = self.recompute.kept_loads.pop(key, None) if key is not None else None
+        if state is None:
+            return False
+        trial = LoadCost(self.costs[tier].half_life, self.costs[tier]._clock)
+        if not trial.seed(state) or not self.slower_than_recompute(trial.predict(1)):
+            return False  # a fast tier is measured by a read: it may have turned slow
+        if not self.costs[tier].seed(state):
+            return False
+        with self._lock:
+            self._kept[tier] += 1
+        return True
 
     def block_s(self, tier: int) -> float:
         """Expected seconds to load a usual block of tier ``tier`` (0.0: unmeasured)."""
@@ -331,10 +393,11 @@ class LoadDecision:
         return best
 
     def tier_stats(self, tier: int) -> dict[str, Any]:
-        """``load_cost`` (the fit), ``declined`` blocks, ``declined_tokens`` and
-        ``probes`` (one-block reads that measured it) of a tier."""
+        """``load_cost`` (the fit), ``declined`` blocks, ``declined_tokens``,
+        ``probes`` (one-block reads that measured it) and ``kept_costs`` (times an
+        earlier process's fit judged it instead) of a tier."""
         with self._lock:
             declined, tokens = self._declined[tier], self._declined_tokens[tier]
-            probes = self._probes[tier]
+            probes, kept = self._probes[tier], self._kept[tier]
         return {"load_cost": self.costs[tier].summary(), "declined": declined,
-                "declined_tokens": tokens, "probes": probes}
+                "declined_tokens": tokens, "probes": probes, "kept_costs": kept}

@@ -29,6 +29,15 @@ schema version and an xxh3 of its content; one that fails either, or a
 descriptor of another namespace, is ignored and rewritten at the next
 save.  JSON only: nothing read is executed.  A chain without a persistent
 tier learns in each process.  A configured ``recompute`` always wins.
+
+Each tier's load cost (:class:`kvtier.chain.cost.LoadCost`) is kept in the
+same record, under ``loads`` (a schema and an xxh3 of its own), per tier as
+configured (:func:`tier_key`: its name and a digest of its backend and
+options): what the chain last measured of the tier, saved at close.  A fresh
+process judges a tier found unmeasured by it, once, where it says the tier
+is slower than recomputing: it declines the tier without reading it first.
+A kept fit that says the tier is fast is not trusted: the tier is measured
+by a read as before, so a tier that turned slow is never loaded blindly.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from kvtier.chain.tier import Tier
 from kvtier.config.units import format_duration
 
 __all__ = ["LearnedRate", "LearnedRecord", "RecomputeLearner", "RecomputeLike", "RecomputeModel",
-           "machine_key", "open_model"]
+           "machine_key", "open_model", "tier_key"]
 
 log = logging.getLogger("kvtier.chain.learned")
 
@@ -68,6 +77,20 @@ CHANGED = 4
 MACHINES = 8
 #: A changing model is saved at most this often (and at close).
 SAVE_INTERVAL = 10.0
+#: Version of the ``loads`` section (the tiers' load costs); another is ignored (and rewritten).
+LOADS_SCHEMA = 1
+#: Tiers' load costs a record keeps (the most recently saved).
+LOADS = 16
+
+
+def tier_key(config: Any) -> str:
+    """A tier as the record names its load cost: ``name digest``, the digest over its
+    backend, options (secret ones by name only) and codec: another root, bucket or
+    backend is another tier."""
+    options = {k: None if k in config.secret_options else v for k, v in config.options.items()}
+    ident = json.dumps({"backend": config.backend, "options": options, "codec": config.codec,
+                        "encrypt": config.encrypt}, sort_keys=True, default=str)
+    return f"{config.name} {xxhash.xxh3_64_hexdigest(ident.encode())}"
 
 
 def machine_key(machine: Mapping[str, Any]) -> str:
@@ -189,18 +212,18 @@ class LearnedRecord:
         self.describe = dict(describe)
         self.where = where  # the tier's name, for stats
 
-    def load(self) -> dict[str, Any]:
-        """Per machine key, its entry; empty where the record is absent, damaged or foreign."""
+    def load(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Per machine key, its entry, and per tier key, its load cost; each empty where
+        the record or its section is absent, damaged or foreign."""
         tier = self._open()
         try:
             payload = tier.get_payloads([self.key])[0]
         finally:
             tier.close()
-        return self.machines(payload)
+        return self.machines(payload), self.loads(payload)
 
-    def machines(self, payload: bytes | None) -> dict[str, Any]:
-        """The entries of a stored descriptor that checks out: this namespace's fields,
-        this schema, the checksum of its entries."""
+    def _learned(self, payload: bytes | None) -> dict[str, Any]:
+        """The ``learned`` section of a stored descriptor of this namespace (its fields)."""
         if payload is None or len(payload) > 1 << 20:
             return {}
         try:
@@ -210,23 +233,47 @@ class LearnedRecord:
         if not isinstance(doc, dict) or any(doc.get(k) != v for k, v in self.describe.items()):
             return {}  # another namespace's descriptor, or another format's
         learned = doc.get("learned")
-        if not isinstance(learned, dict) or learned.get("schema") != SCHEMA:
-            return {}
-        machines = learned.get("machines")
-        if not isinstance(machines, dict) or learned.get("xxh3") != _digest(machines):
-            return {}
-        return machines
+        return learned if isinstance(learned, dict) else {}
 
-    def save(self, machine: str, entry: Mapping[str, Any]) -> None:
-        """Store ``entry`` for ``machine``, beside the other machines' entries that check out."""
+    def machines(self, payload: bytes | None) -> dict[str, Any]:
+        """The entries of a stored descriptor that checks out: this namespace's fields,
+        this schema, the checksum of its entries."""
+        learned = self._learned(payload)
+        machines = learned.get("machines")
+        if learned.get("schema") != SCHEMA or not isinstance(machines, dict):
+            return {}
+        return machines if learned.get("xxh3") == _digest(machines) else {}
+
+    def loads(self, payload: bytes | None) -> dict[str, Any]:
+        """The tiers' load costs of a stored descriptor, where that section checks out."""
+        section = self._learned(payload).get("loads")
+        if not isinstance(section, dict) or section.get("schema") != LOADS_SCHEMA:
+            return {}
+        tiers = section.get("tiers")
+        if not isinstance(tiers, dict) or section.get("xxh3") != _digest(tiers):
+            return {}
+        return {k: v for k, v in tiers.items() if isinstance(v, dict)}
+
+    def save(self, machine: str | None, entry: Mapping[str, Any] | None,
+             loads: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Store ``entry`` for ``machine`` (None: none new) and ``loads`` (per tier key, its
+        load cost), beside the other entries that check out."""
         tier = self._open()
         try:
-            machines = self.machines(tier.get_payloads([self.key])[0])
-            machines[machine] = {**entry, "at": time.time()}
-            kept = sorted(machines, key=lambda m: _at(machines[m]))[-MACHINES:]
-            machines = {m: machines[m] for m in kept}
-            doc = {**self.describe,
-                   "learned": {"schema": SCHEMA, "machines": machines, "xxh3": _digest(machines)}}
+            payload = tier.get_payloads([self.key])[0]
+            machines, tiers = self.machines(payload), self.loads(payload)
+            now = time.time()
+            if machine is not None and entry is not None:
+                machines[machine] = {**entry, "at": now}
+            machines = {m: machines[m] for m in sorted(machines, key=lambda m: _at(machines[m]))
+                        [-MACHINES:]}
+            tiers.update({key: {**cost, "at": now} for key, cost in (loads or {}).items()})
+            tiers = {t: tiers[t] for t in sorted(tiers, key=lambda t: _at(tiers[t]))[-LOADS:]}
+            learned: dict[str, Any] = {"schema": SCHEMA, "machines": machines,
+                                       "xxh3": _digest(machines)}
+            if tiers:
+                learned["loads"] = {"schema": LOADS_SCHEMA, "tiers": tiers, "xxh3": _digest(tiers)}
+            doc = {**self.describe, "learned": learned}
             # a tier skips a put of a key it holds: the old record goes first
             tier.evict([self.key])
             tier.put_payloads([self.key], [json.dumps(doc, sort_keys=True).encode()])
@@ -258,9 +305,12 @@ class RecomputeModel:
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._stored: dict[str, Any] = {}
-        if configured is None and record is not None:
+        #: per tier key, the load cost an earlier process measured (kvtier.chain.cost)
+        self.kept_loads: dict[str, Any] = {}
+        if record is not None:  # the tiers' load costs count beside a configured model too
             try:
-                self._stored = record.load()
+                machines, self.kept_loads = record.load()
+                self._stored = machines if configured is None else {}
             except Exception as exc:  # unreachable: learn in this process
                 log.info("kvtier: learned recompute model not read from %r: %r",
                          record.where, exc)
@@ -308,19 +358,22 @@ class RecomputeModel:
             threading.Thread(target=self.save, name="kvtier-learned-save", daemon=True).start()
         return counted
 
-    def save(self) -> None:
-        """Store what was learned, if anything new; a failure is logged, never raised."""
+    def save(self, loads: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Store what was learned, if anything new, and ``loads`` (per tier key, the load
+        cost measured in this process); a failure is logged, never raised."""
         # one save at a time, in order: a record is replaced by an evict and a put, and
         # of two puts of one key the second is skipped
         with self._save_lock:
             with self._lock:
-                if not self._dirty or self.record is None or self.learner.rate is None:
+                learned = self._dirty and self.learner.rate is not None
+                if self.record is None or not (learned or loads):
                     self._saving = False
                     return
                 machine, entry = machine_key(self._machine), self.learner.state()
-                self._dirty, self._saved_at = False, time.monotonic()
+                if learned:
+                    self._dirty, self._saved_at = False, time.monotonic()
             try:
-                self.record.save(machine, entry)
+                self.record.save(machine if learned else None, entry, loads)
             except Exception as exc:
                 log.info("kvtier: learned recompute model not saved to %r: %r",
                          self.record.where, exc)

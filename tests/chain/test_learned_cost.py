@@ -21,6 +21,7 @@ from sample_plugin import sample_plugin
 import kvtier
 from kvtier.chain import catalog, learned_cost
 from kvtier.chain.learned_cost import RecomputeLearner, machine_key
+from kvtier.config.chain_config import load_config
 from kvtier.plugins.registry import BackendRegistry, default_registry
 
 __all__ = ["sample_plugin"]
@@ -247,3 +248,95 @@ def test_a_learned_model_declines_a_slow_tier_and_shows_where_it_came_from(
         labels = f'namespace="{ns.hex}",source="learned"'
         assert f"kvtier_recompute_seconds_per_token{{{labels}}} 0.001" in text
         assert f"kvtier_recompute_samples{{{labels}}} 3.0" in text
+
+
+def _slow_chain(root: Path, delay: float) -> dict[str, Any]:
+    """A chain of one persistent ``sample-slow`` tier in ``root`` (gets held ``delay`` s a MiB)."""
+    return {"chain": [{"name": "slow", "backend": "sample-slow", "root": str(root),
+                       "delay_per_mib": delay, "persistent": True}]}
+
+
+SLOW_NS = kvtier.Namespace("kept-load-cost", dtype="bfloat16", tokens_per_block=16)
+BLOCKS = [bytes([i]) * (64 * 1024) for i in range(8)]
+KEYS = [b"kept-%d" % i for i in range(8)]
+
+
+def _first_process(config: dict[str, Any]) -> dict[str, Any]:
+    """A chain that learns 1 ms a token, stores the blocks and weighs a hit of them (a
+    probe measures the tier); its tier's stats.  It keeps both at close."""
+    with kvtier.open_chain(config, SLOW_NS, registry=BackendRegistry()) as chain:
+        for tokens in (512, 1024, 2048):
+            chain.recompute.observe(tokens, tokens * 1e-3)
+        assert chain.put(KEYS, BLOCKS) == [True] * 8
+        chain.prefix_hits(KEYS)
+        return dict(chain.stats()["tiers"][0])
+
+
+def test_a_fresh_process_declines_a_tier_known_slow_without_reading_it(
+    tmp_path: Path, sample_plugin: str
+) -> None:
+    """62.5 ms to read a 64 KiB block against 16 ms to recompute its 16 tokens: the first
+    process probes the tier (two reads) and declines it; the next one declines it by
+    what the first kept, reading nothing."""
+    config = _slow_chain(tmp_path / "slow", 1.0)
+    first = _first_process(config)
+    assert (first["probes"], first["hits"], first["declined"]) == (2, 2, 8)
+    with kvtier.open_chain(config, SLOW_NS, registry=BackendRegistry()) as chain:
+        assert chain.prefix_hits(KEYS) == 0
+        slow = chain.stats()["tiers"][0]
+        assert (slow["probes"], slow["hits"], slow["kept_costs"], slow["declined"]) == (
+            0, 0, 1, 8)
+        assert slow["load_cost"]["block_s"] > 0.016 * 0.8  # slower than recomputing
+        tier = catalog.open_catalog(chain.tiers[0].config, BackendRegistry())
+        try:
+            doc = json.loads(tier.get_payloads([SLOW_NS.fingerprint])[0])
+        finally:
+            tier.close()
+    (key,) = doc["learned"]["loads"]["tiers"]
+    assert key == learned_cost.tier_key(chain.tiers[0].config) and key.startswith("slow ")
+    # a process that read nothing leaves the kept fit as it was: the next one takes it
+    # too, once (when it is old in its turn, the tier is probed again)
+    with kvtier.open_chain(config, SLOW_NS, registry=BackendRegistry()) as chain:
+        assert chain.prefix_hits(KEYS) == 0
+        assert chain.stats()["tiers"][0]["kept_costs"] == 1
+        assert chain._load._take_kept(0) is False
+
+
+@pytest.mark.parametrize("change", ["fast tier", "another root", "damaged"])
+def test_a_kept_load_cost_is_not_taken_where_it_may_mislead(
+    tmp_path: Path, sample_plugin: str, change: str
+) -> None:
+    """A kept fit that says the tier is fast is not trusted (the tier may have turned
+    slow: it is probed); another tier's fit (another root) is not this one's; a damaged
+    section is ignored, and the next close writes it again."""
+    root = tmp_path / "slow"
+    config = _slow_chain(root, 0.0 if change == "fast tier" else 1.0)
+    _first_process(config)
+    if change == "another root":
+        # the same folder's store, named by another path: another tier as configured
+        (tmp_path / "link").symlink_to(root)
+        config = _slow_chain(tmp_path / "link", 1.0)
+    if change == "damaged":
+        tier = catalog.open_catalog(load_config(config, registry=BackendRegistry()).tiers[0],
+                                    BackendRegistry())
+        try:
+            doc = json.loads(tier.get_payloads([SLOW_NS.fingerprint])[0])
+            (entry,) = doc["learned"]["loads"]["tiers"].values()
+            entry["y"] = 1e-9  # a read time changed, the checksum not
+            _replace_document_of(tier, SLOW_NS, json.dumps(doc).encode())
+        finally:
+            tier.close()
+    with kvtier.open_chain(config, SLOW_NS, registry=BackendRegistry()) as chain:
+        weighed = chain.prefix_hits(KEYS)
+        slow = chain.stats()["tiers"][0]
+        assert slow["kept_costs"] == 0 and slow["probes"] >= 1
+        assert weighed == (8 if change == "fast tier" else 0)
+    if change == "damaged":  # rewritten at that close: the next process takes it
+        with kvtier.open_chain(config, SLOW_NS, registry=BackendRegistry()) as chain:
+            assert chain.prefix_hits(KEYS) == 0
+            assert chain.stats()["tiers"][0]["kept_costs"] == 1
+
+
+def _replace_document_of(tier: Any, ns: kvtier.Namespace, document: bytes) -> None:
+    tier.evict([ns.fingerprint])
+    tier.put_payloads([ns.fingerprint], [document])
