@@ -146,9 +146,9 @@ class Chain:
         return remaining
 
     def _read_walk(
-        self, keys: Sequence[bytes], step: Step
+        self, keys: Sequence[bytes], step: Step, skip: set[int] | None = None
     ) -> tuple[list[int], list[tuple[int, int, BytesLike]]]:
-        """The walk of a read: ``(items missed, (item, tier index, frame) served from the queue)``.
+        """A read's walk (``skip``: items not to read): ``(missed, (item, tier, frame) queued)``.
 
         A missed key may be on its way down: its queued copy serves it.  A
         block can also leave a tier the walk has yet to reach and land in
@@ -156,7 +156,7 @@ class Chain:
         the queue's count of entries says whether that could have happened,
         and then the keys still missed are walked again.
         """
-        pending: Iterable[int] = range(len(keys))
+        pending: Iterable[int] = [i for i in range(len(keys)) if not skip or i not in skip]
         queued: list[tuple[int, int, BytesLike]] = []
         in_queue = self._traffic.queued
         for _ in range(_READ_WALKS):
@@ -274,6 +274,7 @@ class Chain:
         keys = check_keys(keys)
         outs = writable(out, len(keys))
         self._saw("get", keys)
+        probed = self._load.probed.take(keys, outs)  # read by a probe: not read twice
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             start = perf_counter()  # every read teaches the tier's cost model
@@ -285,7 +286,7 @@ class Chain:
             self._promote(index, keys, offered, frames, outs)
             return flags
 
-        misses, queued = self._read_walk(keys, step)
+        misses, queued = self._read_walk(keys, step, probed)
         found = [True] * len(keys)
         for i in misses:
             found[i] = False
@@ -400,12 +401,11 @@ class Chain:
                 return frames, tier.get_payloads([keys[i]], frames)[0]
 
             held = [i for i, t in enumerate(where) if t == index]
-            for i, frames, payload in self._load.probe(index, held, read):
+            for i, frames, payload in self._load.probe(index, held, read, keys):
                 if payload is None:  # gone or unsound since the walk: not held after all
                     where[i] = None
                     continue
-                found: list[BytesLike | None] = [None] * len(keys)
-                found[i] = payload  # _promote reads payloads by key index
+                found: list[BytesLike | None] = [None] * i + [payload]  # by key index
                 self._promote(index, keys, [i], frames, found)
 
     def prefix_hits(self, keys: Sequence[bytes], tokens_per_block: int | None = None) -> int:
@@ -444,6 +444,7 @@ class Chain:
         self._check_open()
         keys = check_keys(keys)
         self.flush()
+        self._load.probed.drop(keys)
         removed = [False] * len(keys)
         for index, tier in enumerate(self.tiers):
             self._traffic.unsaved.mark(index, keys, False)

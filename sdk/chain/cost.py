@@ -43,6 +43,7 @@ from statistics import NormalDist
 from typing import Any
 
 from kvtier.chain.learned_cost import RecomputeModel, open_model, tier_key
+from kvtier.chain.probed import ProbedBlocks
 from kvtier.config.load_policy import LoadConfig
 
 __all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
@@ -213,6 +214,8 @@ class LoadDecision:
         #: per tier, how the record names its load cost (none: not kept)
         self.tier_keys = list(tier_keys)
         self._kept = [0] * tiers  # kept fits taken instead of a probe
+        #: what probes read, for the load that follows (:mod:`kvtier.chain.probed`)
+        self.probed = ProbedBlocks()
 
     @classmethod
     def for_chain(cls, config: LoadConfig, tiers: Sequence[Any], registry: Any) -> LoadDecision:
@@ -286,10 +289,12 @@ class LoadDecision:
         return self.costs[tier].fit() is not None
 
     def probe(self, tier: int, held: Sequence[int],
-              read: Callable[[int], tuple[Any, Any]]) -> list[tuple[int, Any, Any]]:
+              read: Callable[[int], tuple[Any, Any]],
+              keys: Sequence[bytes] = ()) -> list[tuple[int, Any, Any]]:
         """Measure unmeasured tier ``tier`` by reading the first of ``held`` (positions
         of its blocks in a lookup) with ``read(i) -> (context, payload or None)``;
-        answer the reads, ``(i, context, payload)``.
+        answer the reads, ``(i, context, payload)``.  The blocks read are kept
+        in :attr:`probed` by their ``keys[i]``, for the load that follows.
 
         One read is one sample, and the engine's own threads can delay it many
         times over (a 0.3 ms read of the fs tier took 15 ms beside vLLM's): where
@@ -311,6 +316,8 @@ class LoadDecision:
                 reads.append((i, context, payload))
                 if payload is None:
                     continue
+                if keys:
+                    self.probed.hold(keys[i], payload)
                 if fastest is None or seconds < fastest[0]:
                     fastest = (seconds, len(payload))
                 if not self.slower_than_recompute(seconds):
