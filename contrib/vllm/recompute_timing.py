@@ -15,7 +15,9 @@ vLLM computes after the scheduler step that heard the miss ends
 not timed.
 
 A recompute timed while another request's was (batched with it, or queued
-behind it) is fed as ``overlapped``, and the model drops it.  The machine is
+behind it), or while another request's load began (its reads and the
+compute of the tokens after its hit share the engine), is fed as
+``overlapped``, and the model drops it.  The machine is
 named by vLLM's device, its worker count and torch's threads, so that what
 was learned on another machine (or with other threads) is not used here.
 """
@@ -98,7 +100,9 @@ class RecomputeTimer:
             return
         start = missed[0]
         waited = self._loads.pop(req_id, None) is not None  # for a load: no recompute time
-        overlapped = waited or bool(self._open) or any(end > start for end in self._closed)
+        loading = any(start <= hit <= now for hit in self._loads.values())  # another's load
+        overlapped = (waited or loading or bool(self._open)
+                      or any(end > start for end in self._closed))
         self._closed.append(now)
         model = getattr(chain, "recompute", None)
         if model is None:  # the stand-in of a chain that did not open

@@ -94,6 +94,25 @@ def test_overlapping_recomputes_and_loads_are_marked() -> None:
     assert [s[2] for s in chain.recompute.seen] == [True, True, True, False]
 
 
+def test_a_recompute_while_another_request_loads_is_marked() -> None:
+    """b's load (a hit) begins while a recomputes: a's time holds b's reads and b's
+    compute after its hit, so it is no measure of a's own; a load that began before
+    a's miss, or after a's store, leaves a's time alone."""
+    from kvtier.contrib.vllm._compat import LookupResult
+
+    t, chain = timer(), Chain()
+    a, b, c, d = (Request(x) for x in "abcd")
+    t.looked_up(chain, c, LookupResult.HIT, 0.0)  # c loads, before a's miss
+    t.looked_up(chain, a, LookupResult.MISS, 1.0)
+    t.step()
+    t.looked_up(chain, b, LookupResult.HIT, 1.5)  # b's load begins while a computes
+    t.stored(chain, Job(a), 10, 3.0)
+    t.looked_up(chain, d, LookupResult.MISS, 10.0)
+    t.step()
+    t.stored(chain, Job(d), 10, 11.0)  # c and b began loading before d's miss
+    assert chain.recompute.seen == [(320, 2.0, True), (320, 1.0, False)]
+
+
 def test_a_store_without_a_miss_or_a_chain_not_open_teaches_nothing() -> None:
     from kvtier.contrib.vllm._compat import LookupResult
 
