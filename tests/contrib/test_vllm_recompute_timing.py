@@ -124,3 +124,64 @@ def test_a_store_without_a_miss_or_a_chain_not_open_teaches_nothing() -> None:
     t.looked_up(object(), Request("y"), LookupResult.MISS, 1.0)  # an unopened stand-in
     t.stored(object(), Job(Request("y")), 10, 2.0)
     assert chain.recompute.seen == []
+
+
+class LearningChain:
+    """A chain stand-in holding the real learned model (kept in no tier)."""
+
+    def __init__(self) -> None:
+        from kvtier.chain.learned_cost import RecomputeModel
+
+        self.recompute = RecomputeModel()
+
+
+def test_the_model_learns_the_lone_recomputes_and_ignores_the_queued_ones() -> None:
+    """Timer and learner together, on one recorded sequence of calls: five recomputes
+    alone at about 1 ms a token; then two requests batched (each waits for the other's
+    tokens: 2 ms a token), and one during another request's load.  The model holds the
+    five alone, and their low quantile."""
+    from kvtier.contrib.vllm._compat import LookupResult
+
+    t, chain = timer(), LearningChain()
+    clock = 0.0
+    lone = [1.05e-3, 1.0e-3, 1.2e-3, 1.1e-3, 1.02e-3]  # seconds a token, alone
+    for n, rate in enumerate(lone):
+        req = Request(f"alone-{n}")
+        t.looked_up(chain, req, LookupResult.MISS, clock)
+        t.step()
+        t.stored(chain, Job(req), 64, clock + 64 * 32 * rate)
+        clock += 10.0
+    x, y = Request("x"), Request("y")  # batched: both open at once
+    t.looked_up(chain, x, LookupResult.MISS, clock)
+    t.looked_up(chain, y, LookupResult.MISS, clock)
+    t.step()
+    t.stored(chain, Job(x), 64, clock + 64 * 32 * 2e-3)
+    t.stored(chain, Job(y), 64, clock + 64 * 32 * 2e-3 + 0.1)
+    clock += 10.0
+    z, w = Request("z"), Request("w")  # w's load begins while z computes
+    t.looked_up(chain, z, LookupResult.MISS, clock)
+    t.step()
+    t.looked_up(chain, w, LookupResult.HIT, clock + 0.5)
+    t.stored(chain, Job(z), 64, clock + 64 * 32 * 1.6e-3)
+    stats = chain.recompute.summary()
+    assert (stats["source"], stats["samples"], stats["dropped"]) == ("learned", 5, 3)
+    assert stats["per_token_s"] == pytest.approx(min(lone))
+
+
+def test_the_machine_named_changes_with_torchs_threads() -> None:
+    """Another thread count is another machine: what was learned there is not used."""
+    import torch
+
+    from kvtier.contrib.vllm.recompute_timing import engine_machine
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = engine_machine(None)
+        torch.set_num_threads(2)
+        two = engine_machine(None)
+    finally:
+        torch.set_num_threads(before)
+    assert (one["threads"], two["threads"]) == (1, 2)
+    assert {k: v for k, v in one.items() if k != "threads"} == {
+        k: v for k, v in two.items() if k != "threads"}
