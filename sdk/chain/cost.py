@@ -129,8 +129,9 @@ class LoadCost:
         """Take a kept :meth:`state` as one read's worth of measurements made now (it
         decays from here like a read); False, taking nothing, where it does not check out."""
         names = ("x", "y", "xx", "xy", "yy", "b")
-        values = [state.get(name) for name in names]
-        if not all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in values):
+        values = [v for v in (state.get(name) for name in names)
+                  if isinstance(v, float) and math.isfinite(v) and v >= 0]
+        if len(values) != len(names):
             return False
         with self._lock:
             self._decay(self._clock())

@@ -302,13 +302,14 @@ def test_a_fresh_process_declines_a_tier_known_slow_without_reading_it(
         assert chain._load._take_kept(0) is False
 
 
-@pytest.mark.parametrize("change", ["fast tier", "another root", "damaged"])
+@pytest.mark.parametrize("change", ["fast tier", "another root", "damaged", "bad values"])
 def test_a_kept_load_cost_is_not_taken_where_it_may_mislead(
     tmp_path: Path, sample_plugin: str, change: str
 ) -> None:
     """A kept fit that says the tier is fast is not trusted (the tier may have turned
     slow: it is probed); another tier's fit (another root) is not this one's; a damaged
-    section is ignored, and the next close writes it again."""
+    section, or one that checks out but holds no fit, is ignored, and the next close
+    writes it again."""
     root = tmp_path / "slow"
     config = _slow_chain(root, 0.0 if change == "fast tier" else 1.0)
     _first_process(config)
@@ -316,13 +317,16 @@ def test_a_kept_load_cost_is_not_taken_where_it_may_mislead(
         # the same folder's store, named by another path: another tier as configured
         (tmp_path / "link").symlink_to(root)
         config = _slow_chain(tmp_path / "link", 1.0)
-    if change == "damaged":
+    if change in ("damaged", "bad values"):
         tier = catalog.open_catalog(load_config(config, registry=BackendRegistry()).tiers[0],
                                     BackendRegistry())
         try:
             doc = json.loads(tier.get_payloads([SLOW_NS.fingerprint])[0])
             (entry,) = doc["learned"]["loads"]["tiers"].values()
-            entry["y"] = 1e-9  # a read time changed, the checksum not
+            entry["y"] = 1e-9 if change == "damaged" else "0.1"  # the checksum unchanged ...
+            if change == "bad values":  # ... or made again: it checks out, but is no fit
+                loads = doc["learned"]["loads"]
+                loads["xxh3"] = learned_cost._digest(loads["tiers"])
             _replace_document_of(tier, SLOW_NS, json.dumps(doc).encode())
         finally:
             tier.close()
@@ -331,7 +335,7 @@ def test_a_kept_load_cost_is_not_taken_where_it_may_mislead(
         slow = chain.stats()["tiers"][0]
         assert slow["kept_costs"] == 0 and slow["probes"] >= 1
         assert weighed == (8 if change == "fast tier" else 0)
-    if change == "damaged":  # rewritten at that close: the next process takes it
+    if change in ("damaged", "bad values"):  # rewritten at that close: the next process takes it
         with kvtier.open_chain(config, SLOW_NS, registry=BackendRegistry()) as chain:
             assert chain.prefix_hits(KEYS) == 0
             assert chain.stats()["tiers"][0]["kept_costs"] == 1
