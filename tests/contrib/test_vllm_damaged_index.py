@@ -94,8 +94,9 @@ def test_an_engine_starts_and_serves_over_a_damaged_pool_index(
     # outputs as without offloading; B's RAM tier started empty: every block from disk
     assert runs(a, 1, "ids") == runs(b, 1, "ids") == baseline
     assert runs(b, 1, "num_cached_tokens") == {name: CACHED for name in NAMES}
-    # every block read once, plus the one-block reads that measured the disk tier
-    # (B read what A learned of recomputing from the tier, so it weighs loads)
+    # every block read once, the one-block reads that measured the disk tier included
+    # (B read what A learned of recomputing from the tier, so it weighs loads; the
+    # load takes the probed blocks from the probe, unless it came 10 s after its lookup)
     assert disk(b, 1)["probes"] <= 2 and disk(b, 1)["declined"] == 0
-    assert disk(b, 1)["hits"] == 3 * BLOCKS + disk(b, 1)["probes"]
+    assert 3 * BLOCKS <= disk(b, 1)["hits"] <= 3 * BLOCKS + disk(b, 1)["probes"]
     assert disk(b, 1)["healthy"] and disk(b, 1)["errors"] == 0 and disk(b, 1)["corrupt"] == 0

@@ -173,12 +173,13 @@ def test_two_engines_share_one_fs_capacity(model_dir: str, tmp_path: Path) -> No
     # s: computed by A, served to B from the pool (B's CPU tier was reset)
     assert cached(a, 2) == {"s": 0}
     assert cached(b, 2) == {"s": CACHED}
-    # every block read once for the load, plus the one-block reads that measured
-    # the tier (probes: b learned what recomputing costs in round 1, so round 2
-    # weighs the disk tier before loading from it, docs/load-policy.md)
+    # every block read once, the one-block reads that measured the tier included
+    # (probes: b learned what recomputing costs in round 1, so round 2 weighs the
+    # disk tier before loading from it, docs/load-policy.md): the load takes the
+    # probed blocks from the probe, unless it came more than 10 s after its lookup
     probes = disk(b, 2)["probes"] - disk(b, 1)["probes"]
     assert probes <= 2
-    assert disk(b, 2)["hits"] - disk(b, 1)["hits"] == BLOCKS + probes
+    assert BLOCKS <= disk(b, 2)["hits"] - disk(b, 1)["hits"] <= BLOCKS + probes
     assert disk(b, 2)["declined"] == 0  # a fast disk: loaded, not declined
     assert disk(b, 2)["corrupt"] == 0
     assert disk(b, 2)["puts"] == disk(b, 1)["puts"]  # nothing stored again
