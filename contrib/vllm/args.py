@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError
 
@@ -158,12 +159,17 @@ def kv_transfer_config(
     cpu_bytes_to_use: int | None = None,
     namespace_extra: Mapping[str, str] | None = None,
     model_name: str | None = None,
+    tenant: str | None = None,
+    trust_client_tenant: bool | None = None,
+    shared_tenants: list[str] | None = None,
 ) -> dict[str, Any]:
     """vLLM's ``kv_transfer_config`` (as a dict) that offloads to the chain in ``path``.
 
     The YAML is validated here; its path is made absolute so the engine may
     run from another directory.  Use it as ``KVTransferConfig(**result)`` or
-    ``--kv-transfer-config "$(json)"``.
+    ``--kv-transfer-config "$(json)"``.  ``tenant``, ``trust_client_tenant``
+    and ``shared_tenants`` are the tier's tenant options
+    (:class:`~kvtier.contrib.vllm.tier_options.TierOptions`), set where given.
     """
     absolute = os.path.abspath(os.fspath(path))
     chain = load_config(absolute)
@@ -173,6 +179,14 @@ def kv_transfer_config(
         tier["namespace_extra"] = {str(k): str(v) for k, v in namespace_extra.items()}
     if model_name:
         tier["model_name"] = model_name
+    tenancy = {"tenant": tenant, "trust_client_tenant": trust_client_tenant,
+               "shared_tenants": shared_tenants}
+    for name in [tenant or DEFAULT_TENANT, *(shared_tenants or ())]:
+        try:
+            check_tenant(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="tenant") from exc
+    tier.update((k, v) for k, v in tenancy.items() if v is not None)
     extra: dict[str, Any] = {
         "spec_name": SPEC_NAME,
         "spec_module_path": SPEC_MODULE,
@@ -232,14 +246,29 @@ def _python_literal(config: Mapping[str, Any]) -> str:
     default=None,
     help="The model's identity for stored blocks (default: the model name vLLM is given).",
 )
-def vllm_args_command(file: str, fmt: str, cpu_bytes: int | None, model_name: str | None) -> None:
+@click.option(
+    "--tenant",
+    default=None,
+    help="The tenant of requests that name none in kv_transfer_params (default: 'default').",
+)
+@click.option(
+    "--ignore-client-tenants",
+    is_flag=True,
+    help="Every request is --tenant's, whatever its kv_transfer_params say (no trusted "
+         "gateway in front of the engine).",
+)
+def vllm_args_command(file: str, fmt: str, cpu_bytes: int | None, model_name: str | None,
+                      tenant: str | None, ignore_client_tenants: bool) -> None:
     """Print the vLLM settings that offload KV cache to the chain in FILE.
 
     A leading host tier sizes vLLM's own CPU tier instead of becoming a second
     copy in RAM; the tiers below it become one vLLM secondary tier.
     """
     try:
-        config = kv_transfer_config(file, cpu_bytes_to_use=cpu_bytes, model_name=model_name)
+        config = kv_transfer_config(
+            file, cpu_bytes_to_use=cpu_bytes, model_name=model_name, tenant=tenant,
+            trust_client_tenant=False if ignore_client_tenants else None,
+        )
     except KvtierError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

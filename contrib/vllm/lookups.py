@@ -12,13 +12,12 @@ failed to load a ``MISS`` (for ``failed_ttl`` seconds).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from kvtier.spec import KvtierError
 
 from ._compat import LookupResult
-from .chain_like import ChainLike
 from .tier_metrics import AdapterCounters
 
 __all__ = ["HIT", "MISS", "LookupVerdicts", "worth_loading"]
@@ -40,6 +39,12 @@ class _Probe:
 
 
 _Batch = list[tuple[bytes, _Probe]]
+
+
+class _Looks(Protocol):
+    """What a lookup job is sent to: a chain, or the tier's router to its tenants' chains."""
+
+    def submit_lookup(self, keys: Sequence[bytes]) -> int: ...
 
 
 class LookupVerdicts:
@@ -87,7 +92,7 @@ class LookupVerdicts:
             if (p := self._probes.get(k)) is not None and p.state == _PENDING
         ]
 
-    def submit(self, chain: ChainLike, batch: _Batch, now: float) -> None:
+    def submit(self, chain: _Looks, batch: _Batch, now: float) -> None:
         """Ask the chain about ``batch`` in one lookup job; a chain closing answers misses."""
         for _, probe in batch:
             probe.state = _IN_FLIGHT

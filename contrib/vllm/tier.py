@@ -40,11 +40,12 @@ is stored under a :class:`kvtier.Namespace` made from vLLM's offloading config
 (model, KV dtype, row and parallel layout, vLLM release): blocks from any
 other configuration are misses.  ``namespace_extra`` adds fields of your own.
 
-KV events.  With vLLM's KV cache events on, the tier listens to its chain
-(:meth:`kvtier.Chain.add_listener`) and reports through ``take_events`` the
-chunks vLLM stored in the chain and those no kvtier tier holds any more
-(capacity evictions in any tier, evictions, purges), as ``OffloadingEvent``
-with ``Medium.STORAGE``.
+Tenants (:mod:`.tenancy`).  Each request's lookups, loads and stores go to
+the chain of its tenant, read from ``kv_transfer_params["kvtier"]["tenant"]``
+(or the configured ``tenant``); ``chain`` is the configured tenant's.
+
+KV events (:mod:`.kv_events`): what vLLM stored in the chains, and what they
+no longer hold, through ``take_events`` when vLLM's KV events are on.
 
 Stats (:mod:`.tier_metrics`).  vLLM's metric hooks work in 0.32: the tier
 declares counters (``vllm:kv_offload_kvtier_*``) and reports what changed, on
@@ -59,20 +60,19 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
-from kvtier.chain import Chain, ChainEvent
+from kvtier.chain import Chain
 from kvtier.config import load_config
 from kvtier.spec import KvtierError
 
 from ._compat import (
+    LookupResult,
     Medium,
-    OffloadingEvent,
     OffloadingMetricMetadata,
     ReqContext,
     RequestOffloadingContext,
@@ -87,9 +87,11 @@ from ._compat import (
 from .args import secondary_chain_config
 from .chain_like import ChainLike, UnopenedChain
 from .keys import chain_key, namespace_for
+from .kv_events import ChainEvents
 from .lookups import HIT, MISS, LookupVerdicts
 from .recompute_timing import RecomputeTimer
 from .region import PrimaryRows
+from .tenancy import TenantRouting, qualified_key
 from .tier_metrics import METRIC_PREFIX, AdapterCounters, metric_definitions, offloading_stats
 from .tier_options import TierOptions
 
@@ -128,6 +130,7 @@ class _Job:
     keys: Sequence[bytes]  # vLLM keys, in the order given to the chain
     submitted: float
     skipped: int = 0
+    tenant: str = ""
 
 
 class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
@@ -161,6 +164,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         reopen_interval: float = 30.0,
         locality: str | None = None,
         load_timeout: float | None = None,
+        tenant: str = "default",
+        trust_client_tenant: bool = True,
+        shared_tenants: list[str] | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self._options = options = TierOptions.checked(
@@ -168,6 +174,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             keep_host_tier=keep_host_tier, lookup_timeout=lookup_timeout,
             verdict_ttl=verdict_ttl, failed_ttl=failed_ttl, job_workers=job_workers,
             reopen_interval=reopen_interval, locality=locality, load_timeout=load_timeout,
+            tenant=tenant, trust_client_tenant=trust_client_tenant, shared_tenants=shared_tenants,
         )
         if options.locality is not None:  # unset: vLLM's default stays
             self.locality = options.locality
@@ -175,7 +182,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         self._payload = row_payload_bytes(offloading_spec, self._row)
         self.namespace = namespace_for(
             offloading_spec.config, self._payload, options.namespace_extra, options.model_name
-        )
+        ).for_tenant(options.tenant)
         self._chain_config = secondary_chain_config(
             load_config(options.config), keep_host_tier=options.keep_host_tier
         )
@@ -183,13 +190,19 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             adopt_vllm_logging(logging.getLogger("kvtier"))
         self._tier_names = [t.name for t in self._chain_config.tiers]
         # KV events (when vLLM's are on): what the chain stored and removed
-        self._events: deque[Any] | None = deque() if kv_events_enabled(offloading_spec) else None
-        self._long_keys: dict[bytes, bytes] = {}  # digest -> vLLM key, for events
+        self._events = (ChainEvents(self.medium, self.locality)
+                        if kv_events_enabled(offloading_spec) else None)
         self._region = PrimaryRows(primary_kv_view, self._row, self._payload)
         self._repair = ThreadPoolExecutor(1, thread_name_prefix="kvtier-vllm-repair")
         self._next_reopen = 0.0
         self._reopening = False
         try:
+            self._tenancy = TenantRouting(
+                self._chain_config, self.namespace, lambda: self.chain,
+                trust_client_tenant=options.trust_client_tenant,
+                shared=options.shared_tenants, job_workers=options.job_workers,
+                retry_after=options.reopen_interval, on_open=self._listen,
+            )
             self.chain: ChainLike = self._open_first_chain()
         except BaseException:
             self._repair.shutdown()
@@ -227,10 +240,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
 
     # the chain -----------------------------------------------------------------------
     def _open_chain(self) -> Chain:
-        chain = Chain(self._chain_config, self.namespace, job_workers=self._options.job_workers)
+        return self._tenancy.open_own()  # one of the tenants' chains, listened to
+
+    def _listen(self, chain: Chain) -> None:
         if self._events is not None:
-            chain.add_listener(self._on_chain_event)
-        return chain
+            self._events.listen(chain)
 
     def _open_first_chain(self) -> ChainLike:
         """The chain, or a stand-in while its storage is unreachable (reopened later)."""
@@ -269,43 +283,9 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         threading.Thread(target=run, name="kvtier-vllm-reopen", daemon=True).start()
 
     # KV events -----------------------------------------------------------------------
-    def _on_chain_event(self, event: ChainEvent) -> None:
-        """A chain's store or removal, as vLLM's ``OffloadingEvent`` (chain threads).
-
-        vLLM sees the chain as one tier: a block is stored when vLLM's store
-        lands in the chain (not again when it is copied between kvtier
-        tiers), and removed when no kvtier tier holds it any more (a capacity
-        victim demoted below, or still held above a lower tier that evicted
-        it, stays).
-        """
-        assert self._events is not None
-        keys = list(event.keys)
-        if event.kind == "stored":
-            if event.reason != "put":
-                return
-        else:
-            chain = self.chain
-            if not isinstance(chain, Chain):
-                return
-            try:
-                where = chain.lookup(keys)
-            except KvtierError:  # closing: nothing more to say
-                return
-            keys = [k for k, tier in zip(keys, where) if tier is None]
-        keys = [self._long_keys.get(k, k) for k in keys]
-        if keys:
-            self._events.append(OffloadingEvent(
-                keys=cast(Any, keys), medium=self.medium, removed=event.kind == "removed",
-                locality=self.locality,
-            ))
-
     def take_events(self) -> Iterable[Any]:
         """Blocks the chain stored and removed since the last call (vLLM's KV events)."""
-        if self._events is None:
-            return ()
-        taken = []
-        while self._events:
-            taken.append(self._events.popleft())
+        taken = [] if self._events is None else self._events.take()
         if taken:
             with self._lock:
                 for e in taken:
@@ -315,11 +295,14 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
 
     # lookups -------------------------------------------------------------------------
     def lookup(self, key: bytes, req_context: ReqContext) -> Any:
-        ck = chain_key(key)
         now = time.monotonic()
         with self._lock:
             self._drain_locked(now)
-            answer = self._verdicts.answer(ck, now)
+            tenant = self._tenancy.of(req_context, self._counters)
+            if tenant is None:  # a bad tenant name: a miss (logged once)
+                answer = LookupResult.MISS
+            else:
+                answer = self._verdicts.answer(qualified_key(tenant, key), now)
             return self._timer.looked_up(self.chain, req_context, answer, now)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
@@ -336,7 +319,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 self._prune_locked(now)
             batch = self._verdicts.take_queued()
             if batch and not self.closed:
-                self._verdicts.submit(self.chain, batch, now)
+                self._verdicts.submit(self._tenancy.router, batch, now)
 
     def _prune_locked(self, now: float) -> None:
         self._next_prune = now + max(1.0, self._options.verdict_ttl)
@@ -361,22 +344,24 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         keys = list(job_metadata.keys)
         with self._lock:
             self._timer.stored(self.chain, job_metadata, len(keys), now)  # what computing took
-            if not self._chunks_fit(job_metadata, keys):
+            tenant = self._tenancy.of(job_metadata.req_context, self._counters)
+            if tenant is None or not self._chunks_fit(job_metadata, keys):
                 self._refuse_locked(_Job(job_metadata.job_id, False, keys, now))
                 return
-            held = {ck for k in keys if self._verdicts.holds(ck := chain_key(k), now)}
+            held = {qk for k in keys if self._verdicts.holds(qk := qualified_key(tenant, k), now)}
             todo = [(k, c) for k, c in zip(keys, job_metadata.chunk_ids)
-                    if chain_key(k) not in held]
+                    if qualified_key(tenant, k) not in held]
             skipped = len(keys) - len(todo)
             if skipped:
                 self._counters.count("store_keys", "skipped", skipped)
-            job = _Job(job_metadata.job_id, False, [k for k, _ in todo], now, skipped)
+            job = _Job(job_metadata.job_id, False, [k for k, _ in todo], now, skipped, tenant)
             if not todo:
                 self._finish_locked(job, [], now)
                 return
-            chain_keys = [chain_key(k) for k, _ in todo]
+            chain_keys = [qualified_key(tenant, k) for k, _ in todo]
             if self._events is not None:
-                self._long_keys.update((ck, k) for (k, _), ck in zip(todo, chain_keys) if ck != k)
+                self._events.long_keys.update(
+                    (ck, k) for k, _ in todo if (ck := chain_key(k)) != k)
             rows = self._region.rows(c for _, c in todo)
             damaged = [ck for ck in chain_keys if self._damaged.pop(ck, None) is not None]
             if damaged and not self.closed:
@@ -384,19 +369,20 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
                 return
             # vLLM holds a chunk being stored (its ref_cnt) until the job is done
             self._submit_locked(
-                job, lambda: self.chain.submit_put(chain_keys, rows, held=True), now
+                job, lambda: self._tenancy.router.submit_put(chain_keys, rows, held=True), now
             )
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         now = time.monotonic()
         keys = list(job_metadata.keys)
         with self._lock:
-            job = _Job(job_metadata.job_id, True, keys, now)
-            if not self._chunks_fit(job_metadata, keys):
+            tenant = self._tenancy.of(job_metadata.req_context, self._counters)
+            job = _Job(job_metadata.job_id, True, keys, now, tenant=tenant or "")
+            if tenant is None or not self._chunks_fit(job_metadata, keys):
                 self._refuse_locked(job)
                 return
-            self._submit_locked(job, lambda: self.chain.submit_get(
-                [chain_key(k) for k in keys], self._region.rows(job_metadata.chunk_ids)
+            self._submit_locked(job, lambda: self._tenancy.router.submit_get(
+                [qualified_key(tenant, k) for k in keys], self._region.rows(job_metadata.chunk_ids)
             ), now)
 
     def _submit_locked(self, job: _Job, submit: Any, now: float) -> None:
@@ -422,11 +408,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         """
 
         def run() -> list[bool]:
-            dropped = self.chain.evict(damaged)
+            dropped = self._tenancy.router.evict(damaged)
             if dropped:
                 with self._lock:
                     self._counters.count("dropped_keys", "failed_load", dropped)
-            return self.chain.put(keys, rows)
+            return self._tenancy.router.put(keys, rows)
 
         def done(future: Future[list[bool]]) -> None:
             try:
@@ -462,9 +448,10 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         if failed:
             self._counters.count(kind, "failed", len(failed))
         # what this tier now holds, or failed to deliver, for later lookups and stores
-        self._verdicts.remember((chain_key(k) for k in ok), HIT, self._options.verdict_ttl, now)
+        self._verdicts.remember((qualified_key(job.tenant, k) for k in ok), HIT,
+                                self._options.verdict_ttl, now)
         if job.load and failed:
-            gone = [chain_key(k) for k in failed]
+            gone = [qualified_key(job.tenant, k) for k in failed]
             self._verdicts.remember(gone, MISS, self._options.failed_ttl, now)
             if late is None:  # a slow read is no sign of a damaged block
                 self._damaged.update((ck, now) for ck in gone)
@@ -481,7 +468,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         )
 
     def _drain_locked(self, now: float) -> None:
-        for res in self.chain.poll():
+        for res in self._tenancy.router.poll():
             if res.error is not None:
                 log.warning("kvtier %s job failed: %r", res.kind, res.error)
             if res.kind == "lookup":
@@ -531,7 +518,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             ids = [*self._jobs, *self._late]
             repairs = list(self._repairs)
         if ids:
-            self.chain.wait(ids)
+            self._tenancy.router.wait(ids)
         wait_futures(repairs)
         with self._lock:
             self._drain_locked(time.monotonic())
@@ -561,6 +548,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self.closed = True
         try:
             self._repair.shutdown(wait=True)
+            self._tenancy.close()  # the other tenants' chains, each finishing its jobs
             self.chain.close()  # finishes every submitted job first
         finally:
             with self._lock:
@@ -573,6 +561,11 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
     def chain_stats(self) -> dict[str, Any]:
         """The chain's :meth:`~kvtier.Chain.stats` (per kvtier tier counters)."""
         return self.chain.stats()
+
+    def tenant_stats(self) -> dict[str, dict[str, Any]]:
+        """Per tenant whose chain is open, that chain's :meth:`~kvtier.Chain.stats`."""
+        return {t: chain.stats() for t in self._tenancy.opened()
+                if (chain := self._tenancy.chain_of(t)) is not None}
 
     def adapter_stats(self) -> dict[str, int]:
         """Adapter counters so far: ``"lookup_keys:hit"`` and so on."""

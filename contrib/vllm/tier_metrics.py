@@ -44,6 +44,8 @@ _ADAPTER_COUNTERS = (
     ("store_keys", ("outcome",), "Chunks the kvtier tier was asked to store: ok, failed, skipped."),
     ("dropped_keys", ("reason",), "Blocks removed from the chain after they failed to load."),
     ("kv_events", ("kind",), "Blocks in KV events the kvtier tier gave vLLM: stored, removed."),
+    ("tenant_requests", ("how",), "Requests by how their tenant was set: named (by the "
+     "client), unnamed, ignored (named, not trusted), refused (not a tenant name)."),
 )
 _HEALTHY = "tier_healthy"
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import parse_option
 from kvtier.spec import ConfigError, Option
 
@@ -39,6 +40,15 @@ def _at_least_one(value: int) -> None:
         raise ValueError(f"expected 1 or more threads, got {value}")
 
 
+def _tenant(value: str) -> None:
+    check_tenant(value)
+
+
+def _tenants(value: list[Any]) -> None:
+    for name in value:
+        check_tenant(name)
+
+
 def _seconds(help: str) -> Option:
     # required: KvtierTier passes its default; a None given is no number of seconds
     return Option("duration", help, required=True, parse=_seconds_of)
@@ -60,6 +70,12 @@ OPTIONS: Mapping[str, Option] = {
     "locality": Option("str", "LOCAL or REMOTE, passed on to vLLM"),
     "load_timeout": Option("duration", "vLLM 0.34 and later: seconds a load may run before "
                            "the tier reports it failed", parse=_seconds_of),
+    "tenant": Option("str", "the tenant of requests that name none (all, without "
+                     "trust_client_tenant)", default=DEFAULT_TENANT, check=_tenant),
+    "trust_client_tenant": Option("bool", "read each request's tenant from its "
+                                  "kv_transfer_params", default=True),
+    "shared_tenants": Option("list", "tenants whose blocks are everyone's", default=[],
+                             check=_tenants),
 }
 
 
@@ -100,6 +116,15 @@ class TierOptions:
         it failed (vLLM recomputes) with ``deferred_release`` set, so vLLM
         keeps the primary slots out of use until the read has really ended
         (default: unset, a load is reported when it ends).
+    ``tenant``
+        The tenant of a request whose ``kv_transfer_params`` name none
+        (``default``); every request's, without ``trust_client_tenant``.
+    ``trust_client_tenant``
+        Read each request's tenant from ``kv_transfer_params["kvtier"]["tenant"]``
+        (true).  Clients set those params: false ignores them, for an engine
+        that clients reach without a trusted gateway (:mod:`.tenancy`).
+    ``shared_tenants``
+        Tenants whose blocks are everyone's (the ``default`` tenant's namespace).
     """
 
     config: str
@@ -114,6 +139,9 @@ class TierOptions:
     #: vLLM's ``Locality``, or None to leave vLLM's default
     locality: Any
     load_timeout: float | None
+    tenant: str = DEFAULT_TENANT
+    trust_client_tenant: bool = True
+    shared_tenants: frozenset[str] = frozenset()
 
     @classmethod
     def checked(
@@ -131,6 +159,9 @@ class TierOptions:
         reopen_interval: float,
         locality: str | None,
         load_timeout: float | None,
+        tenant: str = DEFAULT_TENANT,
+        trust_client_tenant: bool = True,
+        shared_tenants: list[str] | None = None,
     ) -> TierOptions:
         """The options of the tier named ``tier_type``; ConfigError names a bad one."""
         if not config:
@@ -142,7 +173,8 @@ class TierOptions:
             "keep_host_tier": keep_host_tier, "lookup_timeout": lookup_timeout,
             "verdict_ttl": verdict_ttl, "failed_ttl": failed_ttl, "job_workers": job_workers,
             "reopen_interval": reopen_interval, "locality": locality,
-            "load_timeout": load_timeout,
+            "load_timeout": load_timeout, "tenant": tenant,
+            "trust_client_tenant": trust_client_tenant, "shared_tenants": shared_tenants,
         }
         parsed: dict[str, Any] = {}
         for name, opt in OPTIONS.items():
@@ -154,6 +186,7 @@ class TierOptions:
                 fail(f"expected a finite number of seconds, 0 or more, got {value!r}")
             parsed[name] = parse_option("vllm", name, opt, value, fail)
         locality_name = parsed.pop("locality")
+        parsed["shared_tenants"] = frozenset(parsed["shared_tenants"] or ())
         return cls(**{**parsed,
                       "locality": None if locality_name is None else locality_of(locality_name),
                       "load_timeout": _load_timeout(tier_type, parsed["load_timeout"])})
