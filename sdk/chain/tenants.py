@@ -12,12 +12,18 @@ chain is the tenant's, so the batch API is unchanged (docs/tenants.md)::
     tenants.close()
 
 Each tenant's chain opens its own backend instances over the same
-configuration (the same fs root, the same bucket): what they hold is apart,
-their capacity is not yet (quotas: docs/tenants.md, still to come).
+configuration (the same fs root, the same bucket): what they hold is apart.
+The tenants share each tier's capacity under the tier's ``tenants`` rules
+(quotas and weights, :mod:`kvtier.policies.tenancy`).  A tier in the process
+(``host``) shares one capacity between the chains of one :class:`Tenants`:
+each tier whose backend takes the internal ``share`` option is handed one
+group, the same for every tenant's chain (docs/tenants.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import threading
 from collections.abc import Collection, Mapping
@@ -30,6 +36,17 @@ from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ClosedError
 
 __all__ = ["Tenants", "open_tenants"]
+
+#: Numbers the groups of ``share``: one per :class:`Tenants`, never reused in a process.
+_groups = itertools.count(1)
+
+
+def sharing(config: ChainConfig, group: str) -> ChainConfig:
+    """``config`` with ``group`` as the ``share`` of every tier whose backend takes one."""
+    tiers = tuple(dataclasses.replace(t, options={**t.options, "share": group})
+                  if "share" in t.options and not t.options["share"] else t
+                  for t in config.tiers)
+    return dataclasses.replace(config, tiers=tiers)
 
 
 class Tenants:
@@ -44,7 +61,9 @@ class Tenants:
         registry: BackendRegistry | None = None,
         **options: Any,
     ) -> None:
-        self.config, self.namespace = config, namespace
+        # every tenant's chain names one group: its in-process tiers share their capacity
+        self.config = sharing(config, f"tenants-{os.getpid()}-{next(_groups)}")
+        self.namespace = namespace
         #: Tenants declared shared: they map to the default tenant's namespace.
         self.shared = frozenset(shared)
         self._registry, self._options = registry, options

@@ -120,6 +120,23 @@ class TenantRules:
         candidates = [t for t in tenants if t == writer or held.get(t, 0) > 0]
         return max(sorted(candidates), key=beyond)
 
+    def giver(self, held: Mapping[str, int], capacity: int, writer: str,
+              size: int) -> str | None:
+        """The tenant that gives up a block for ``writer``'s put, or None: refuse the put.
+
+        The :meth:`victim`; where that is the writer, holding nothing, the tenant
+        most beyond its share among the others that are beyond it.  None where no
+        tenant but the writer is beyond its share: the put would take a block from a
+        tenant within its share.
+        """
+        victim = self.victim(held, capacity, writer, size)
+        if held.get(victim, 0) > 0:
+            return victim
+        others = {t: n for t, n in held.items() if n > 0 and t != writer}
+        shares = self.shares([*others, writer], capacity)
+        beyond = {t: n - shares[t] for t, n in others.items() if n > shares[t]}
+        return max(sorted(beyond), key=beyond.__getitem__) if beyond else None
+
     def canonical(self) -> str:
         """The rules as one line of JSON: processes sharing a tier compare it."""
         return json.dumps({t: [r.quota, r.weight, r.keep] for t, r in sorted(self.named.items())},

@@ -82,3 +82,13 @@ def test_expiry_takes_a_duration_or_after_and_unused() -> None:
         parse_expiry({"idle": "1m"})
     with pytest.raises(ValueError, match="longer than 0s"):
         parse_expiry("0s")
+
+
+def test_the_giver_is_never_a_tenant_within_its_share() -> None:
+    rules = TenantRules()
+    # the writer most beyond, holding nothing: another beyond its share gives instead
+    assert rules.giver({"a": 60, "b": 0}, 100, "b", 60) == "a"
+    # no one but the writer beyond: refuse
+    assert rules.giver({"a": 50, "b": 0}, 100, "b", 60) is None
+    # the writer holding blocks gives its own
+    assert rules.giver({"a": 50, "b": 40}, 100, "b", 60) == "b"

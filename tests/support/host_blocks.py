@@ -20,9 +20,10 @@ MiB = 1024 * 1024
 POLICIES = NAMES  # every registered policy: the host tier offers them all
 
 
-def open_host(capacity: int | str, eviction: str = "lru", **extra: object) -> BackendHandle:
+def open_host(capacity: int | str, eviction: str = "lru", *, ns: str = NS,
+              **extra: object) -> BackendHandle:
     handle = default_registry().create("host")
-    handle.open({"capacity": capacity, "eviction": eviction, **extra}, NS)
+    handle.open({"capacity": capacity, "eviction": eviction, **extra}, ns)
     return handle
 
 

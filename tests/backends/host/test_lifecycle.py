@@ -20,7 +20,8 @@ def test_entry_point_options_and_hooks() -> None:
     assert all(handle.implements(hook) for hook in optional)
     assert callable(handle.instance.kit_tamper)  # the kit's raw access, no hook
     opts = handle.options()
-    assert set(opts) == {"capacity", "eviction", "max_block_size", "prefault", "sizing_sample"}
+    assert set(opts) == {"capacity", "eviction", "max_block_size", "prefault", "sizing_sample",
+                         "tenants", "tenant", "expire", "share"}
     assert opts["sizing_sample"].type == "float" and opts["sizing_sample"].default == 0.01
     assert opts["prefault"].type == "size" and opts["prefault"].default == "128MiB"
     assert opts["capacity"].type == "size" and opts["capacity"].required
@@ -39,7 +40,9 @@ def test_capabilities_and_initial_stats(eviction: str) -> None:
     assert caps.capacity == 1000 and caps.max_block_size == 300
     assert caps.reports_evictions and caps.eviction == eviction and caps.extra == {}
     stats = dict(handle.stats())
-    expected = {"used_bytes": 0, "blocks": 0, "capacity_bytes": 1000, "evictions": 0}
+    expected = {"used_bytes": 0, "blocks": 0, "capacity_bytes": 1000, "evictions": 0,
+                "expired": 0, **{f"tenant_{n}.default": 0
+                                 for n in ("bytes", "refused", "evicted", "expired")}}
     if eviction == "arc":
         expected["arc_p"] = 0
     if eviction == "s3fifo":

@@ -10,8 +10,19 @@ already stored are uses; ``lookup`` is not (the chain probes tiers with it).
 ``eviction`` picks the policy that decides what to drop, any of
 :mod:`kvtier.policies` (:data:`POLICIES`): ``lru``, ``arc`` (scan-resistant),
 ``s3fifo`` (frequency-aware) or ``adaptive``.  The policy orders keys and
-counts bytes; the blocks themselves are in the tier's own dict.  An explicit
-``kvtier_evict`` is the caller's choice, not the policy's.
+counts bytes; the blocks themselves are in a dict of the tier's store
+(:mod:`.store`).  An explicit ``kvtier_evict`` is the caller's choice, not
+the policy's.
+
+``tenants`` sets each tenant's quota and weight
+(:mod:`kvtier.policies.tenancy`), and the tenants of one process share one
+capacity: the instances of one group share a store (:mod:`.shared`), and
+``stats()`` adds the figures of the instance's tenant (``tenant_bytes.<t>``,
+``tenant_refused.<t>``, ``tenant_evicted.<t>``, ``tenant_expired.<t>``).
+``expire`` makes blocks expire after their write or unused (:mod:`.store`).
+
+May import :mod:`kvtier.block` (buffers), :mod:`kvtier.policies` and
+:mod:`kvtier.spec`.
 """
 
 from __future__ import annotations
@@ -21,14 +32,24 @@ import os
 import platform
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from kvtier.block.buffers import joined, nbytes, own, parts_nbytes, scatter
-from kvtier.policies import NAMES, Policy, new_policy
-from kvtier.policies.sizing import SIZING_OPTION, Sizer
+from kvtier.policies import NAMES
+from kvtier.policies.sizing import SIZING_OPTION
+from kvtier.policies.tenancy import (
+    EXPIRE_OPTION,
+    TENANT_OPTION,
+    TENANTS_OPTION,
+    parse_expiry,
+    parse_tenants,
+)
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
 from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
 from kvtier.spec.shared import CAPACITY, but, eviction
+
+from . import shared
+from .store import HostStore, Settings, prefix_of
 
 __all__ = ["POLICIES", "HostBackend"]
 
@@ -50,9 +71,13 @@ _OPTIONS: Mapping[str, Option] = {
                        "blocks land in mapped pages (at most the capacity; 0: none).",
                        default="128MiB", internal=True),
     "sizing_sample": SIZING_OPTION,
+    "tenants": TENANTS_OPTION,
+    "tenant": TENANT_OPTION,
+    "expire": EXPIRE_OPTION,
+    "share": Option("str", "host tiers of one process naming one group share one capacity: "
+                    "the chains of one open_tenants name theirs", internal=True),
 }
 
-_B = TypeVar("_B")
 #: Entries per kvtier_scan batch.
 _SCAN_BATCH = 1024
 
@@ -135,90 +160,78 @@ class HostBackend(PutParts, GetInto, Scan):
 
     def __init__(self) -> None:
         super().__init__()
-        self._lock = threading.Lock()
-        self._policy: Policy | None = None
-        self._blocks: dict[bytes, bytes] = {}  # the policy's keys, with their bytes
+        self._lock = threading.Lock()  # guards _store's installation, not its blocks
+        self._store: HostStore | None = None
+        self._group: str | None = None  # the shared store's, if any
+        self._prefix = b""  # this namespace's, in a shared store
         self._eviction = "lru"
         self._max_block_size: int | None = None
-        self._limit = 0  # largest block admitted: min(capacity, max_block_size)
-        self._sizer: Sizer | None = None
 
     # lifecycle -------------------------------------------------------------
     def _open(self, options: Mapping[str, Any], namespace: str) -> None:
-        # One instance serves one tier and one namespace, so RAM needs no
-        # layout by namespace; it is kept only for kvtier_scan.
         # options arrive checked against _OPTIONS, defaults filled (BackendHandle.open)
-        capacity: int = options["capacity"]
-        max_block_size: int | None = options["max_block_size"]
-        eviction: str = options["eviction"]
+        settings = Settings(
+            capacity=options["capacity"], eviction=options["eviction"],
+            max_block_size=options["max_block_size"], rules=parse_tenants(options["tenants"]),
+            expiry=parse_expiry(options["expire"]), sizing_sample=options["sizing_sample"])
+        tenant: str = options["tenant"]
+        group = shared.group_of(options["share"], settings)
+        if group is None:  # a store of its own: keys are the blocks' names
+            store, prefix = HostStore(settings, shared=False, tenant=tenant), b""
+        else:
+            prefix = prefix_of(namespace)
+            store = shared.acquire(group, settings, prefix, tenant)
+        _tune_malloc(settings.capacity)
+        _prefault(min(options["prefault"], settings.capacity))
         with self._lock:
-            self._policy = new_policy(eviction, capacity)
-            self._blocks = {}
-            sample: float = options["sizing_sample"]
-            self._sizer = Sizer(eviction, capacity, sample) if sample > 0 else None
-            _tune_malloc(capacity)
-            _prefault(min(options["prefault"], capacity))
-            self._eviction = eviction
-            self._max_block_size = max_block_size
-            self._limit = capacity if max_block_size is None else min(capacity, max_block_size)
+            self._store, self._group, self._prefix = store, group, prefix
+            self._eviction = settings.eviction
+            self._max_block_size = settings.max_block_size
 
     def _capabilities(self) -> Capabilities:
         with self._lock:
             # before open this describes the backend in general (for `kvtier backends`)
-            policy = self._policy
+            store = self._store
             return Capabilities(
                 persistent=False,
                 shared=False,
                 thread_safe=True,
-                max_block_size=None if self._max_block_size is None else self._limit,
-                capacity=None if policy is None else policy.capacity,
+                max_block_size=None if store is None or self._max_block_size is None
+                else store.limit(store.tenant(self._prefix)),
+                capacity=None if store is None else store.settings.capacity,
                 reports_evictions=True,
                 eviction=self._eviction,
             )
 
     def _stats(self) -> dict[str, int | float]:
-        with self._lock:
-            policy = self._live()
-            return {
-                "used_bytes": policy.used,
-                "blocks": len(policy),
-                "capacity_bytes": policy.capacity,
-                "evictions": policy.evictions,
-                **policy.stats(),
-                **(self._sizer.stats() if self._sizer is not None else {}),
-            }
+        return self._live().stats(self._prefix)
 
     def _close(self) -> None:
         with self._lock:
-            self._policy = None
-            self._blocks = {}
+            store, self._store = self._store, None
+        if store is not None and self._group is not None:
+            shared.release(self._group, store, self._prefix)
 
     # data path -------------------------------------------------------------
     def _put(
         self, keys: Sequence[bytes], blocks: Sequence[BytesLike], evicted: Evicted
     ) -> list[bool]:
-        return self._store(keys, blocks, nbytes, own, evicted)
+        return self._live().put(self._prefix, keys, blocks, [nbytes(b) for b in blocks], own,
+                                evicted)
 
     def _put_parts(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
     ) -> list[bool]:
-        return self._store(keys, parts, parts_nbytes, joined, evicted)
+        return self._live().put(self._prefix, keys, parts, [parts_nbytes(p) for p in parts],
+                                joined, evicted)
 
     def _get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        with self._lock:
-            access, blocks = self._live().access, self._blocks
-            if self._sizer is not None:
-                self._sizer.got(keys)
-            return [blocks[key] if access(key) else None for key in keys]
+        return self._live().get(self._prefix, keys)
 
     def _get_into(
         self, keys: Sequence[bytes], buffers: Sequence[Sequence[memoryview]]
     ) -> list[int | None]:
-        with self._lock:
-            access, blocks = self._live().access, self._blocks
-            if self._sizer is not None:
-                self._sizer.got(keys)
-            found = [blocks[key] if access(key) else None for key in keys]
+        found = self._live().get(self._prefix, keys)
         # Stored bytes are never mutated, so copying outside the lock is safe
         # even if another thread evicts them meanwhile.
         sizes: list[int | None] = []
@@ -232,80 +245,30 @@ class HostBackend(PutParts, GetInto, Scan):
         return sizes
 
     def _lookup(self, keys: Sequence[bytes]) -> list[bool]:
-        with self._lock:
-            return self._live().holds(keys)
+        return self._live().lookup(self._prefix, keys)
 
     def _evict(self, keys: Sequence[bytes]) -> list[bool]:
-        with self._lock:
-            remove, blocks = self._live().remove, self._blocks
-            removed = [remove(key) for key in keys]
-            for key, gone in zip(keys, removed, strict=True):
-                if gone:
-                    del blocks[key]
-            return removed
+        return self._live().evict(self._prefix, keys)
 
     def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
         self.ensure_open()
-        with self._lock:
-            policy, blocks = self._live(), self._blocks
-            old = blocks.get(key)
-            if old is None:
-                return False
-            # Recency is left alone, but the byte count follows the new length
-            # so the capacity still holds; a grown block may push others out,
-            # and they are dropped unreported as there is no caller to take them.
-            new = bytes(transform(old))
-            blocks[key] = new
-            policy.resize(key, len(new))
-            for gone in policy.shed():
-                del blocks[gone]
-            return True
+        return self._live().tamper(self._prefix, key, transform)
 
     def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
-        # RAM holds one namespace, its own.  Key and size are copied under the
-        # lock once (a dict walk, no block bytes); batches are cut from that copy.
+        # An instance holds one namespace, its own.  Key and size are copied under
+        # the lock once (a dict walk, no block bytes); batches are cut from that copy.
         own_ns = self.namespace
-        with self._lock:
-            held = self._live().held() if namespace in (None, own_ns) else []
+        held = self._live().held(self._prefix) if namespace in (None, own_ns) else []
         return iter([
             [ScanEntry(own_ns, key, size) for key, size in held[start : start + _SCAN_BATCH]]
             for start in range(0, len(held), _SCAN_BATCH)
         ])
 
     # internals -------------------------------------------------------------
-    def _live(self) -> Policy:
-        """The open policy; the caller holds the lock (a close may have raced the call)."""
-        policy = self._policy
-        if policy is None:
+    def _live(self) -> HostStore:
+        """The open store (a close may have raced the call)."""
+        store = self._store
+        if store is None:
             raise self.closed_error()
-        return policy
-
-    def _store(
-        self,
-        keys: Sequence[bytes],
-        blocks: Sequence[_B],
-        size_of: Callable[[_B], int],
-        to_bytes: Callable[[_B], bytes],
-        evicted: Evicted,
-    ) -> list[bool]:
-        stored: list[bool] = []
-        sizes = [size_of(block) for block in blocks]
-        with self._lock:
-            policy, held = self._live(), self._blocks
-            limit = self._limit
-            for key, block, size in zip(keys, blocks, sizes, strict=True):
-                if policy.access(key):
-                    stored.append(True)  # immutable per key: keep what is there
-                elif size > limit:
-                    stored.append(False)
-                else:
-                    # Copied under the lock so a key already stored costs no copy;
-                    # the GIL would serialise the memcpy anyway.
-                    for gone in policy.admit(key, size):
-                        evicted.append((gone, held.pop(gone)))
-                    held[key] = to_bytes(block)
-                    stored.append(True)
-            if self._sizer is not None:
-                self._sizer.stored(keys, sizes, limit)
-        return stored
+        return store
