@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvtier.policies.sizing import SIZING_OPTION
+from kvtier.policies.tenancy import TENANT_OPTION, TENANTS_OPTION
 from kvtier.spec import Option
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, but, eviction
 
@@ -72,5 +73,9 @@ OPTIONS: Mapping[str, Option] = {
         secret=True,
     ),
     "sizing_sample": SIZING_OPTION,
+    # quotas and fair share: held across processes by the shared pool (.pool_tenants), per
+    # process elsewhere (min(capacity, quota), .room)
+    "tenants": TENANTS_OPTION,
+    "tenant": TENANT_OPTION,
     **POOL_OPTIONS,
 }

@@ -22,6 +22,10 @@ whole design; in short:
   its ``D`` rows, its credit, and the files its journal names.
 - **The floor** (``min_free``) is checked with ``statvfs`` when room is
   taken, less the bytes in flight, and again before a put from the credit.
+- **Tenants** (``tenants``, :mod:`.pool_tenants`): each tenant's bytes are
+  counted with the room, so its quota holds for every process, room in flight
+  included; beyond it, a put evicts its tenant's own blocks, and a full pool
+  gives up the blocks of the tenant most beyond its fair share.
 
 On network filesystems SQLite's locks cannot be trusted and a sharer on
 another machine cannot be told dead by its pid: there the pool is not used
@@ -47,16 +51,19 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+from kvtier.block.namespace import DEFAULT_TENANT
+from kvtier.policies.tenancy import TenantRules
 from kvtier.spec import BackendError
 
 from .local import LocalStore
 from .pool_db import IndexReplaced, IndexSession, wal_limit
 from .pool_dead import ROW as _ROW
-from .pool_evictor import Evictor
+from .pool_evictor import Evictor, Pick
 from .pool_files import ALLOWANCE, own_files_bytes
 from .pool_options import DB_NAME, POOL_OPTIONS, parse_min_free
-from .pool_policy import PoolPolicy, prepare
+from .pool_policy import PoolPolicy, Row, prepare
 from .pool_stats import pool_stats
+from .pool_tenants import PoolTenants
 from .pool_writers import Journal, alive
 from .room import Drop
 
@@ -80,7 +87,8 @@ class SharedPool:
     """
 
     def __init__(self, root: str, ns: str, capacity: int | None, scope: str,
-                 min_free: str | None, lease_s: float, eviction: str = "lru") -> None:
+                 min_free: str | None, lease_s: float, eviction: str = "lru",
+                 tenants: PoolTenants | None = None) -> None:
         self.root, self.ns, self.capacity = root, ns, capacity
         self.scope = "*" if scope == "pool" else ns
         self.floor = parse_min_free(min_free) if min_free is not None else None
@@ -95,6 +103,11 @@ class SharedPool:
         self.used: dict[bytes, int] = {}  # reads since the last flush: key -> when (lru),
         # or how many (s3fifo)
         self.refused = 0
+        self.refused_quota = 0  # of those, refused by the tenant's quota
+        self._unrecorded = 0  # refusals not yet added to the tenant's in the index
+        self._quota_bound = False  # the last round of a put: its tenant's quota bound it
+        # the tenants' quotas and shares (.pool_tenants); no rules: the pool's order alone
+        self.tenancy = tenants or PoolTenants(TenantRules(), DEFAULT_TENANT)
         self.journal = Journal(root, self.me)  # the keys it may be writing (.pool_writers)
         self._last_put = self._flushed = 0.0
         self._lock = threading.Lock()  # the credit's; never held during I/O
@@ -109,6 +122,8 @@ class SharedPool:
         # one evictor at a time, under the lease (.pool_evictor)
         self.evictor = Evictor(self.session, root, self.me, self.scope, lease_s, self._add,
                                lambda db: self._flush(db, spare=False), lambda: self.policy)
+        if self.tenancy.active:
+            self.evictor.counted = self.tenancy.evicted
         self._closing = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
                                          name="kvtier-fs-pool")
@@ -124,6 +139,7 @@ class SharedPool:
     def _setup(self, db: sqlite3.Connection) -> None:
         self.policy = prepare(db, self._eviction, self.root, self.ns, self.capacity,
                               self.scope, self.me)
+        self.tenancy.prepare(db, self.root, self.ns, self.me)
 
     def _rejoin(self, db: sqlite3.Connection) -> None:
         """This process in an index rebuilt from the files (by it or another process): the
@@ -160,6 +176,8 @@ class SharedPool:
     def _adopt_rows(self, db: sqlite3.Connection, found: Mapping[bytes, int],
                     store: LocalStore) -> None:
         now = time.time_ns() - len(found)
+        if self.tenancy.active and found:  # whose the files are, from their headers
+            self.tenancy.learn(db, self.ns, store, list(found))
         rows = dict(db.execute("SELECT key, state FROM blocks WHERE ns = ?", (self.ns,)))
         for pos, key in enumerate(found):
             if key not in rows and (size := store.size(key)) is not None:
@@ -261,6 +279,8 @@ class SharedPool:
                 break
         with self._lock:
             self.refused += len(pending)
+            self.refused_quota += len(pending) if self._quota_bound else 0
+            self._unrecorded += len(pending)  # per tenant, in the index at the next flush
         self._log(keys, out)
         return out
 
@@ -268,15 +288,19 @@ class SharedPool:
                   out: list[str], drop: Drop, deadline: float) -> tuple[list[int], bool]:
         """One round of :meth:`reserve`: grant what fits, or evict, or wait for room.
         Answers the blocks still pending, and whether to go on."""
-        pending, need, waiting = self._grant(keys, sizes, pending, out)
+        pending, need, own, waiting = self._grant(keys, sizes, pending, out)
         if not pending:
             return pending, False
+        # beyond the tenant's quota alone: only its own blocks, or its writes landing, help
+        self._quota_bound = own > 0 and need <= 0
+        pick = self._tenants_pick(own, need, sum(sizes[i] for i in pending))
+        need = max(need, own)
         freed, tried, kept = 0, False, 0
         # one evicting thread per process: the lease is the process's
         if need > 0 and self._evicting.acquire(blocking=False):
             try:
                 if self.evictor.take_lease():
-                    tried, (freed, kept) = True, self.evictor.evict(need, drop)
+                    tried, (freed, kept) = True, self.evictor.evict(need, drop, pick)
                     waiting = waiting or kept > 0  # others go first on the next round
                 else:  # another process evicts: it may have freed room by the next look
                     waiting = True
@@ -291,12 +315,26 @@ class SharedPool:
             return pending, True
         if freed <= 0:
             held, busy = self.session.read(self.evictor.lease_and_inflight)
-            # asked again: others may have taken the room since the grant
-            waiting = waiting or busy
+            # asked again: others may have taken the room since the grant; the tenant's
+            # in flight (from the grant) if its quota alone bounds it
+            waiting = waiting or (busy and not self._quota_bound)
             if not (waiting or held) or time.monotonic() > deadline:
                 return pending, False  # nothing to evict and nothing landing: it cannot fit
             time.sleep(_POLL_S)
         return pending, True
+
+    def _tenants_pick(self, own: int, need: int, want: int) -> Pick | None:
+        """The tenants' choice of victims (:mod:`.pool_tenants`): ``own`` bytes of the
+        writer's tenant beyond its quota, ``need`` of the scope by fair share; None:
+        the pool's order alone (no tenants, or no capacity and no quota exceeded)."""
+        if not self.tenancy.active or (own <= 0 and self.capacity is None):
+            return None
+        tenancy, ns, capacity, scope = self.tenancy, self.ns, self.capacity, self.scope
+
+        def pick(db: sqlite3.Connection, policy: PoolPolicy) -> list[Row]:
+            return tenancy.pick(db, policy, ns, capacity, scope, own, need, want)
+
+        return pick
 
     def _from_credit(self, keys: Sequence[bytes], sizes: Sequence[int], out: list[str]) -> bool:
         """Grant the whole batch from the credit (``_lock`` held), or nothing."""
@@ -353,13 +391,17 @@ class SharedPool:
         return st.f_bavail * st.f_frsize - want
 
     def _grant(self, keys: Sequence[bytes], sizes: Sequence[int], pending: list[int],
-               out: list[str]) -> tuple[list[int], int, bool]:
+               out: list[str]) -> tuple[list[int], int, int, bool]:
+        """Grant what fits; answer the blocks left, the bytes to evict in the scope and
+        beyond the tenant's quota, and whether writes in flight may make room."""
         left: list[int] = []
-        taken = 0
+        taken = over = 0
         own = self.measure_files()  # outside the transaction: it holds every writer up
         with self._txn() as db:
             self._flush(db, spare=True)
             cap, floor, inflight = self._room(db, own)
+            quota, room, flying = self.tenancy.room(db, self.ns)  # .pool_tenants
+            qroom = None if quota is None else room
             with self._lock:
                 for i in pending:
                     key, size = keys[i], sizes[i]
@@ -367,21 +409,27 @@ class SharedPool:
                         out[i] = "have"
                     elif self.capacity is not None and size > self.capacity:
                         continue  # can never fit
-                    elif (cap is None or size <= cap) and (floor is None or size <= floor):
+                    elif quota is not None and size > quota:
+                        over += 1  # larger than its tenant's quota: refused, counted
+                    elif all(r is None or size <= r for r in (cap, floor, qroom)):
                         self.mine[key] = size
                         out[i] = "new"
                         taken += size
                         cap = None if cap is None else cap - size
                         floor = None if floor is None else floor - size
+                        qroom = None if qroom is None else qroom - size
                     else:
                         left.append(i)
+                self.refused += over
+                self.refused_quota += over
+                self._unrecorded += over
                 if not left and taken:
                     # credit for the next puts, in whole batches of this one's size, from
                     # at most half the room left: a put that evicts is not starved by it
                     limit = _CREDIT_MAX if self.capacity is None else min(
                         _CREDIT_MAX, self.capacity // _CREDIT_SHARE)
-                    for room in (cap, floor):
-                        limit = limit if room is None else min(limit, room // 2)
+                    for left_of in (cap, floor, qroom):
+                        limit = limit if left_of is None else min(limit, left_of // 2)
                     self.spare += limit // taken * taken
                     taken += limit // taken * taken
                 self.held += taken
@@ -390,7 +438,11 @@ class SharedPool:
                 self._record_held(db)
         want = sum(sizes[i] for i in left)
         need = max(0 if cap is None else want - cap, 0 if floor is None else want - floor)
-        return left, need, inflight > 0
+        beyond = 0 if qroom is None else max(0, want - qroom)
+        if beyond > 0 and need <= 0:  # its quota alone: its own writes in flight may land
+            with self._lock:
+                return left, need, beyond, flying - self.held > 0
+        return left, need, beyond, inflight > 0
 
     def _record_held(self, db: sqlite3.Connection) -> None:
         with self._lock:
@@ -418,13 +470,17 @@ class SharedPool:
             used, self.used = self.used, {}
             give = self.spare if spare else 0
             self.spare -= give
+            refused, self._unrecorded = self._unrecorded, 0
         try:
             grown, flying, wait = self._make_rows(db, landed, used)
+            if refused and self.tenancy.active:  # the tenant's refusals, for every process
+                self.tenancy.count(db, "refused", {self.tenancy.tenant_of(db, self.ns): refused})
         except BaseException:
             with self._lock:  # rolled back: all of it waits for the next transaction
                 self.landed[:0] = landed
                 self.used = self.policy.merge(used, self.used)
                 self.spare += give
+                self._unrecorded += refused
             raise
         with self._lock:
             self.landed[:0] = wait
@@ -472,7 +528,8 @@ class SharedPool:
             now = time.monotonic()
             idle = now - self._last_put > _FLUSH_S
             with self._lock:
-                due = bool(self.landed or self.used or (idle and self.spare))
+                due = bool(self.landed or self.used or (idle and self.spare)
+                           or (self._unrecorded and self.tenancy.active))
             if due and (idle or now - self._flushed > _STALE_S):
                 try:
                     with self._txn() as db:

@@ -14,11 +14,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvtier.block.namespace import DEFAULT_TENANT
+from kvtier.policies.tenancy import parse_tenants
+
 from .capacity import Ledger
 from .layout import Store
 from .local import LocalStore
 from .mounts import network_fs
 from .pool import SharedPool
+from .pool_tenants import PoolTenants
 from .room import Capacity, Drop, ProcessCapacity
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -27,22 +31,29 @@ __all__ = ["PoolCapacity", "open_capacity"]
 
 
 def open_capacity(store: Store, options: Mapping[str, Any], namespace: str) -> Capacity:
-    """The shared pool when ``options`` ask for one (``capacity`` or ``min_free`` on a local
-    root, ``pool`` on) and the root's filesystem allows it; else this process's count."""
-    wanted = options["capacity"] is not None or options.get("min_free") is not None
+    """The shared pool when ``options`` ask for one (``capacity``, ``min_free`` or a tenant's
+    quota on a local root, ``pool`` on) and the root's filesystem allows it; else this
+    process's count, bounded by min(``capacity``, the tenant's quota): each instance is
+    one tenant's, and tenants share by weight only in the pool (docs/tenants.md)."""
+    rules = parse_tenants(options.get("tenants"))
+    tenant = options.get("tenant") or DEFAULT_TENANT
+    quota = rules.quota(tenant)
+    bound = min((b for b in (options["capacity"], quota) if b is not None), default=None)
+    wanted = (options["capacity"] is not None or options.get("min_free") is not None
+              or quota is not None)
     pooled = options.get("capacity_scope") != "process"  # capacity_scope: process, no pool
     if not (isinstance(store, LocalStore) and pooled and wanted):
-        return ProcessCapacity(store, options["capacity"])
+        return ProcessCapacity(store, bound)
     root = os.path.dirname(store.nsroot)
     kind = network_fs(root)
     if kind is not None:
         log.warning("fs tier %s: a %s mount: capacity and min_free hold per process only "
                     "(SQLite's locks are unsafe there)", root, kind)
-        return ProcessCapacity(store, options["capacity"])
+        return ProcessCapacity(store, bound)
     os.makedirs(store.nsroot, exist_ok=True)
     pool = SharedPool(root, namespace, options["capacity"], options["capacity_scope"],
                       options["min_free"], options["pool_lease"],
-                      options.get("eviction", "lru"))
+                      options.get("eviction", "lru"), PoolTenants(rules, tenant))
     return PoolCapacity(store, pool, options["capacity_scope"])
 
 

@@ -18,11 +18,15 @@ from collections.abc import Callable
 
 from .pool_db import IndexSession
 from .pool_dead import Add, settle_dead
-from .pool_policy import PoolPolicy
+from .pool_policy import PoolPolicy, Row
 from .pool_writers import alive
 from .room import Drop
 
-__all__ = ["Evictor"]
+__all__ = ["Evictor", "Pick"]
+
+#: Marks ``D`` the victims to evict, in the evictor's transaction (a tenant's, by the rules
+#: of :mod:`.pool_tenants`), instead of the policy's next ``need`` bytes of the scope.
+Pick = Callable[[sqlite3.Connection, PoolPolicy], list[Row]]
 
 
 class Evictor:
@@ -38,6 +42,8 @@ class Evictor:
         self.flush = flush  # the process's landed writes and uses, made rows first
         self.policy = policy  # the root's, for the index in use
         self.evicted_blocks = 0
+        #: Told, in the deleting transaction, the namespaces of the victims deleted.
+        self.counted: Callable[[sqlite3.Connection, list[str]], None] | None = None
         self._lock = threading.Lock()
 
     def lease_held(self, db: sqlite3.Connection) -> bool:
@@ -60,16 +66,17 @@ class Evictor:
                        (self.me, time.time() + self.lease_s))
             return True
 
-    def evict(self, need: int, drop: Drop) -> tuple[int, int]:
-        """Delete the policy's victims in the scope until ``need`` bytes are free;
-        answer the bytes freed and the victims that could not be deleted.  Runs with the
-        lease held and gives it back."""
+    def evict(self, need: int, drop: Drop, pick: Pick | None = None) -> tuple[int, int]:
+        """Delete the policy's victims in the scope until ``need`` bytes are free (or those
+        ``pick`` marks, :mod:`.pool_tenants`); answer the bytes freed and the victims that
+        could not be deleted.  Runs with the lease held and gives it back."""
         try:
-            victims = self._choose(need)
+            victims = self._choose(need, pick)
             if not victims:
                 return 0, 0
             gone = drop([(ns, key) for ns, key, _ in victims])
             freed = 0
+            deleted: list[str] = []  # the namespaces of the victims deleted
             now = time.time_ns()
             with self.session.txn() as db:
                 policy = self.policy()
@@ -80,6 +87,9 @@ class Evictor:
                                     (ns, key)).rowcount:
                         self.add(db, ns, -size, 0)
                         freed += size
+                        deleted.append(ns)
+                if self.counted is not None:
+                    self.counted(db, deleted)
             with self._lock:
                 self.evicted_blocks += sum(gone)
             return freed, len(gone) - sum(gone)
@@ -87,15 +97,18 @@ class Evictor:
             with self.session.txn() as db:
                 db.execute("UPDATE lease SET expires = 0 WHERE holder = ?", (self.me,))
 
-    def _choose(self, need: int) -> list[tuple[str, bytes, int]]:
+    def _choose(self, need: int, pick: Pick | None) -> list[tuple[str, bytes, int]]:
         """Mark the victims ``D``: those an evictor that died left, then the scope's in the
-        policy's order (:mod:`.pool_policy`) until ``need`` bytes; none if all would not do."""
+        policy's order (:mod:`.pool_policy`) until ``need`` bytes, or those ``pick``
+        chooses; none if all would not do."""
         with self.session.txn() as db:
             self.flush(db)
             settle_dead(db, self.root, self.me, self.add)  # .pool_dead
             victims = db.execute("SELECT ns, key, size FROM blocks WHERE state = 'D'"
                                  ).fetchall()  # left by an evictor that died
             policy = self.policy()
+            if pick is not None:  # it checks what it can evict itself: one count, not two
+                return victims + pick(db, policy)
             if policy.stored(db, evictable=True) < need and not victims:
                 return []  # evicting all would not do: refuse, keep what is stored
             victims += policy.choose(db, need)

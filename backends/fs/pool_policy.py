@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtier.block.namespace import Namespace
@@ -81,6 +81,7 @@ _MAX_FREQ = S3Fifo.MAX_FREQ
 _SMALL_DIVISOR = S3Fifo.SMALL_DIVISOR
 
 Row = tuple[str, bytes, int]
+Where = tuple[str, tuple[Any, ...]]  # a condition on the rows ("... AND "), its arguments
 _COUNT_S = 1.0  # stats count the index's rows at most this often, and at most 1% of the time,
 _CHEAP_S = 1e-3  # ... unless the last count took less than this: then at every call
 
@@ -255,18 +256,32 @@ class PoolPolicy:
                        "WHERE ns = ? AND key = ? AND state = 'D'", (now, ns, key))
 
     # victims -------------------------------------------------------------------
-    def choose(self, db: sqlite3.Connection, need: int) -> list[Row]:
-        """Mark ``D`` the scope's victims, in the policy's order, until ``need`` bytes."""
+    def _among(self, among: Sequence[str] | None,
+               everywhere: bool = False) -> tuple[str, tuple[Any, ...]]:
+        """The rows' condition: the scope's (or the root's if ``everywhere``), of the
+        namespaces ``among`` only where given (a tenant's, :mod:`.pool_tenants`)."""
+        where, args = ("", ()) if everywhere else (self.where, self.args)
+        if among is not None:
+            where += f"ns IN ({', '.join('?' * len(among))}) AND " if among else "0 AND "
+            args += tuple(among)
+        return where, args
+
+    def choose(self, db: sqlite3.Connection, need: int, among: Sequence[str] | None = None,
+               everywhere: bool = False) -> list[Row]:
+        """Mark ``D`` the scope's victims, in the policy's order, until ``need`` bytes; of
+        the namespaces ``among`` only where given, those of the whole root if
+        ``everywhere`` (a tenant's own, beyond its quota: :mod:`.pool_tenants`)."""
+        where = self._among(among, everywhere)
         if self.fifo:
-            return self._fifo(db, need)  # marks each as it goes, so the next is another
-        victims = self._lru(db, need)
+            return self._fifo(db, need, where)  # marks each as it goes: the next is another
+        victims = self._lru(db, need, where)
         db.executemany("UPDATE blocks SET state = 'D' WHERE ns = ? AND key = ?",
                        [(ns, key) for ns, key, _ in victims])
         return victims
 
-    def _lru(self, db: sqlite3.Connection, need: int) -> list[Row]:
-        rows = db.execute(f"SELECT ns, key, size FROM blocks WHERE {self.where}state = 'S' "
-                          f"AND {_KEPT} ORDER BY used", self.args)
+    def _lru(self, db: sqlite3.Connection, need: int, among: Where) -> list[Row]:
+        rows = db.execute(f"SELECT ns, key, size FROM blocks WHERE {among[0]}state = 'S' "
+                          f"AND {_KEPT} ORDER BY used", among[1])
         victims: list[Row] = []
         total = 0
         for ns, key, size in rows:
@@ -277,15 +292,17 @@ class PoolPolicy:
         rows.close()  # ends the statement, so that the commit is not held by it
         return victims
 
-    def _fifo(self, db: sqlite3.Connection, need: int) -> list[Row]:
-        """S3Fifo's ``_evict_one`` until ``need`` bytes are evicted."""
+    def _fifo(self, db: sqlite3.Connection, need: int, among: Where) -> list[Row]:
+        """S3Fifo's ``_evict_one`` until ``need`` bytes are evicted; of the rows ``among``
+        selects (S's share is the scope's: a tenant's victims are its oldest of S
+        while the scope's S is beyond its tenth)."""
         small = db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
                            "state = 'S' AND queue = 0", self.args).fetchall()[0][0]
         target = self._target(db)
         victims: list[Row] = []
         freed = 0
         while freed < need:
-            s, m = self._oldest(db, 0), self._oldest(db, 1)
+            s, m = self._oldest(db, 0, among), self._oldest(db, 1, among)
             if s is not None and (small >= target or m is None):
                 ns, key, size, freq = s
                 small -= size
@@ -310,17 +327,21 @@ class PoolPolicy:
             freed += size
         return victims
 
-    def _oldest(self, db: sqlite3.Connection, queue: int) -> tuple[str, bytes, int, int] | None:
-        row = db.execute(f"SELECT ns, key, size, freq FROM blocks WHERE {self.where}"
+    def _oldest(self, db: sqlite3.Connection, queue: int,
+                among: Where) -> tuple[str, bytes, int, int] | None:
+        row = db.execute(f"SELECT ns, key, size, freq FROM blocks WHERE {among[0]}"
                          f"state = 'S' AND queue = ? AND {_KEPT} ORDER BY seq LIMIT 1",
-                         (*self.args, queue)).fetchall()
+                         (*among[1], queue)).fetchall()
         return row[0] if row else None
 
-    def stored(self, db: sqlite3.Connection, evictable: bool = False) -> int:
-        """Bytes of the blocks stored in the scope (``evictable``: that may be victims)."""
+    def stored(self, db: sqlite3.Connection, evictable: bool = False,
+               among: Sequence[str] | None = None, everywhere: bool = False) -> int:
+        """Bytes of the blocks stored in the scope (``evictable``: that may be victims;
+        ``among`` and ``everywhere`` as for :meth:`choose`)."""
         kept = f" AND {_KEPT}" if evictable else ""
-        return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {self.where}"
-                              f"state = 'S'{kept}", self.args).fetchall()[0][0])
+        where, args = self._among(among, everywhere)
+        return int(db.execute(f"SELECT COALESCE(SUM(size), 0) FROM blocks WHERE {where}"
+                              f"state = 'S'{kept}", args).fetchall()[0][0])
 
     def counts(self, db: sqlite3.Connection, ns: str, writer: str, landed: int,
                stored: int) -> tuple[int, int, int]:

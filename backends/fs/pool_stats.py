@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["pool_stats"]
 
-Figures = tuple[int, int, int, tuple[int, int, int]]
+Figures = tuple[int, int, int, tuple[int, int, int], dict[str, int]]
 
 
 def pool_stats(pool: SharedPool) -> dict[str, int]:
@@ -37,21 +37,27 @@ def pool_stats(pool: SharedPool) -> dict[str, int]:
         used, inflight = db.execute("SELECT bytes, inflight FROM totals WHERE scope = ?",
                                     (pool.scope,)).fetchall()[0]
         landed, stored = pool.landed_now()
-        return used, inflight, stored, pool.policy.counts(db, pool.ns, pool.me, landed, stored)
+        # each tenant's bytes, refusals and evictions, every process's (.pool_tenants)
+        tenants = pool.tenancy.figures(db) if pool.tenancy.active else {}
+        return (used, inflight, stored,
+                pool.policy.counts(db, pool.ns, pool.me, landed, stored), tenants)
 
     try:
-        used, inflight, stored, (blocks, own_blocks, own_bytes) = session.read(figures)
+        used, inflight, stored, (blocks, own_blocks, own_bytes), tenants = session.read(figures)
     except IndexReplaced:  # counted again in the new index: read that one
-        used, inflight, stored, (blocks, own_blocks, own_bytes) = session.read(figures)
+        used, inflight, stored, (blocks, own_blocks, own_bytes), tenants = session.read(figures)
     out = {"used_bytes": used - inflight + stored, "blocks": blocks,
            "own_used_bytes": own_bytes, "own_blocks": own_blocks,
            "pool_bytes": used, "pool_inflight_bytes": inflight,
            # the pool's own files, counted in its capacity (.pool_files)
            "pool_files_bytes": pool.measure_files(),
            "pool_evictions": pool.evictor.evicted_blocks, "pool_refused": pool.refused,
+           # of those, refused by this tier's tenant's quota (.pool_tenants)
+           "refused_quota": pool.refused_quota,
            # damaged indexes this process replaced, and those others replaced (.pool_db)
            "index_rebuilds": session.rebuilds,
            "index_switches": session.switches}
     if pool.capacity is not None:
         out["pool_capacity_bytes"] = out["capacity_bytes"] = pool.capacity
+    out.update(tenants)
     return out

@@ -82,7 +82,12 @@ class Capacity(Protocol):
 
 class ProcessCapacity:
     """This process's own count: the ledger bounds its blocks by ``limit``; nothing
-    beyond it to reserve, record or report."""
+    beyond it to reserve, record or report.
+
+    An instance holds one tenant's namespace, so ``limit`` is the least of
+    ``capacity`` and that tenant's quota (:func:`~.pool_capacity.open_capacity`).
+    Fair share between tenants needs them counted together: only the shared pool
+    of a local root does that (docs/tenants.md)."""
 
     scope = "process"
     shared = False
