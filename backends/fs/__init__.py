@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar, cast
 
-from kvtier.block.buffers import joined, nbytes
+from kvtier.block.buffers import joined, parts_nbytes
 from kvtier.policies.sizing import Sizing
 from kvtier.spec import (
     BackendError,
@@ -235,7 +235,7 @@ class FsBackend(PutParts, GetInto, Scan):
     def _put_parts(
         self, keys: Sequence[bytes], parts: Sequence[Sequence[BytesLike]], evicted: Evicted
     ) -> Sequence[bool]:
-        sizes = [sum(map(nbytes, ps)) for ps in parts]
+        sizes = [parts_nbytes(ps) for ps in parts]  # a frame is sealed in its I/O thread
         stored = self._write_blocks(keys, parts, sizes, evicted)
         self._sizing.stored(keys, sizes)
         return stored

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvtier.block.buffers import byte_views
+from kvtier.block.buffers import byte_views, landed
 
 from .direct import IOV_MAX, DirectIO
 from .layout import (
@@ -146,8 +146,13 @@ class LocalStore(DirectIO, Store):
             size = os.fstat(fd).st_size
             bufs = byte_views(buffers)
             # a size other than the buffers': the caller falls back to get(); skip the read
-            got = self._read_all_into(fd, size, bufs) if size == sum(map(len, bufs)) else size
-            return None if self.evicted(fd) else got
+            fits = size == sum(map(len, bufs))
+            got = self._read_all_into(fd, size, bufs) if fits else size
+            if self.evicted(fd):
+                return None
+            if fits and got == size:
+                landed(buffers)  # a sealed block is opened here, beside the other reads
+            return got
         finally:
             os.close(fd)
 

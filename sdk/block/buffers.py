@@ -9,7 +9,9 @@ every backend, built-in or of another distribution:
 * :func:`own` and :func:`joined` give ``bytes`` a backend may keep;
 * :func:`byte_views` and :func:`scatter` walk a gather or scatter list
   (``kvtier_put_parts``, ``kvtier_get_into``) byte by byte;
-* :func:`copy_bytes` copies a large buffer without holding the GIL.
+* :func:`copy_bytes` copies a large buffer without holding the GIL;
+* :func:`landed` tells a scatter list its block is in, so that what the
+  tier does with it next (open a sealed block) runs in the reading thread.
 
 They are here, not in :mod:`kvtier.spec`, because they know the chain's
 frame and use numpy, and the spec imports nothing.  The helpers for a
@@ -31,6 +33,7 @@ __all__ = [
     "byte_views",
     "copy_bytes",
     "joined",
+    "landed",
     "nbytes",
     "own",
     "parts_nbytes",
@@ -103,3 +106,18 @@ def copy_bytes(src: memoryview, dst: memoryview) -> None:
         dst[:] = src
     else:
         np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+
+
+def landed(buffers: Sequence[Any]) -> None:
+    """Tell the scatter list ``buffers`` its block was read into it whole.
+
+    A backend that reads a batch in worker threads calls it in the thread
+    that read the block, before its ``get_into`` returns: a sealed block's
+    list (:class:`~kvtier.block.sealed.SealedScatter`) is then opened there,
+    beside the other threads' reads, not after the batch in the calling
+    thread.  A no-op for any other list; a backend that never calls it
+    loses nothing but that overlap (the tier opens the block itself).
+    """
+    hook = getattr(buffers, "landed", None)
+    if hook is not None:
+        hook()

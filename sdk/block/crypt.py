@@ -37,7 +37,6 @@ from kvtier.spec import BytesLike, ConfigError, CorruptBlockError
 try:
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 except ImportError:  # the ``encrypt`` extra is not installed: no tier may encrypt
@@ -45,7 +44,7 @@ except ImportError:  # the ``encrypt`` extra is not installed: no tier may encry
 
 __all__ = [
     "KEY_ID_LEN", "NONCE_LEN", "TAG_LEN", "Keyring", "check_key_sources", "keyring_from",
-    "read_master",
+    "read_master", "take_aligned",
 ]
 
 KEY_ID_LEN = 8
@@ -53,10 +52,6 @@ NONCE_LEN = 12
 TAG_LEN = 16
 #: A master key has at least this many bytes (256 bits, the AES key's size).
 MASTER_MIN = 32
-#: Bytes decrypted per step of an in-place open (:meth:`Keyring.open_in_place`):
-#: the scratch copy stays in the CPU cache.
-_CHUNK = 64 << 10
-_scratch = threading.local()
 _KEY_ID_INFO = b"kvtier key id v1"
 _TENANT_INFO = b"kvtier tenant key v1\x00"
 
@@ -153,6 +148,12 @@ _KEEP = 256 << 20
 _buffers = _Buffers()
 
 
+def take_aligned(size: int) -> memoryview:
+    """``size`` bytes of page-aligned memory, uninitialised, reused from a pool: a sealed
+    payload, or a sealed block's ciphertext read from a store, O_DIRECT taking it as it is."""
+    return _buffers.take(size)
+
+
 class Keyring:
     """Master keys by id: the first seals new writes, every one opens.
 
@@ -170,7 +171,7 @@ class Keyring:
             self._masters.setdefault(_hkdf(master, KEY_ID_LEN, _KEY_ID_INFO), master)
         #: The id of the key new writes are sealed with.
         self.write_id = _hkdf(masters[0], KEY_ID_LEN, _KEY_ID_INFO)
-        self._aeads: dict[tuple[bytes, bytes], tuple[AESGCM, bytes]] = {}
+        self._aeads: dict[tuple[bytes, bytes], AESGCM] = {}
         self._lock = threading.Lock()
 
     @property
@@ -178,15 +179,14 @@ class Keyring:
         """Ids of the master keys this ring opens blocks with (the writing one first)."""
         return [self.write_id, *(k for k in self._masters if k != self.write_id)]
 
-    def _aead(self, key_id: bytes, tenant: bytes) -> tuple[AESGCM, bytes]:
-        """The cipher of a tenant under a master key, and its 256-bit key."""
+    def _aead(self, key_id: bytes, tenant: bytes) -> AESGCM:
+        """The cipher of a tenant under a master key."""
         aead = self._aeads.get((key_id, tenant))
         if aead is None:
             master = self._masters.get(key_id)
             if master is None:
                 raise CorruptBlockError(f"sealed under key id {key_id.hex()}, not in the keyring")
-            key = _hkdf(master, 32, _TENANT_INFO + tenant)
-            aead = (AESGCM(key), key)
+            aead = AESGCM(_hkdf(master, 32, _TENANT_INFO + tenant))
             with self._lock:
                 self._aeads[(key_id, tenant)] = aead
         return aead
@@ -195,7 +195,7 @@ class Keyring:
         """``payload`` encrypted for ``tenant`` under the writing key, tag appended."""
         view = memoryview(payload).cast("B")
         out = _buffers.take(view.nbytes + TAG_LEN)
-        self._aead(self.write_id, tenant)[0].encrypt_into(nonce, view, aad, out)
+        self._aead(self.write_id, tenant).encrypt_into(nonce, view, aad, out)
         return out
 
     def open_into(self, key_id: bytes, tenant: bytes, nonce: bytes, sealed: BytesLike,
@@ -206,7 +206,7 @@ class Keyring:
         tenant, key or name) is a :class:`~kvtier.spec.CorruptBlockError`;
         ``out`` may then hold anything.
         """
-        aead = self._aead(key_id, tenant)[0]
+        aead = self._aead(key_id, tenant)
         try:
             aead.decrypt_into(nonce, sealed, aad, out)
         except InvalidTag:
@@ -215,39 +215,6 @@ class Keyring:
                 "tenant or name") from None
         except ValueError as exc:  # lengths that do not fit
             raise CorruptBlockError(f"sealed payload: {exc}") from None
-
-    def open_in_place(self, key_id: bytes, tenant: bytes, nonce: bytes, aad: bytes,
-                      data: memoryview, tag: BytesLike) -> None:
-        """Decrypt the ciphertext ``data`` in place, its ``tag`` read apart.
-
-        For a block read straight into the caller's buffer: ciphertext in
-        ``data``, tag in the header's buffer.  The same AES-GCM, through the
-        library's streaming interface, a chunk at a time through a scratch
-        buffer the CPU cache holds.  A wrong tag is a
-        :class:`~kvtier.spec.CorruptBlockError`, found after ``data`` was
-        overwritten (a miss: the caller's buffer is then unspecified).
-        """
-        key = self._aead(key_id, tenant)[1]
-        try:
-            decryptor = Cipher(algorithms.AES(key), modes.GCM(nonce, bytes(tag))).decryptor()
-        except ValueError as exc:
-            raise CorruptBlockError(f"sealed block: {exc}") from None
-        decryptor.authenticate_additional_data(aad)
-        scratch = getattr(_scratch, "buf", None)
-        if scratch is None:
-            scratch = _scratch.buf = memoryview(bytearray(_CHUNK + 15))
-        done = 0
-        for lo in range(0, data.nbytes, _CHUNK):
-            got = decryptor.update_into(data[lo : lo + _CHUNK], scratch)
-            data[done : done + got] = scratch[:got]
-            done += got
-        try:
-            rest = decryptor.finalize()
-        except InvalidTag:
-            raise CorruptBlockError(
-                "authentication failed: damaged, or moved from another key, namespace, "
-                "tenant or name") from None
-        data[done : done + len(rest)] = rest
 
     @staticmethod
     def nonce() -> bytes:

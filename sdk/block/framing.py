@@ -39,31 +39,47 @@ the one header field that changes decoded bytes without being cross-checked
 (``raw_len`` is checked against the zstd frame, ``codec`` against the lengths).
 Decoding never executes anything: msgpack with explicit size limits, plain
 ints and bytes only.
+
+The header's bytes and their checks are :mod:`~kvtier.block.header`; how a
+sealed block is made and opened beside the I/O is :mod:`~kvtier.block.sealed`.
+This module puts them together, and its names are the ones to use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, overload
 
-import msgpack
 import numpy as np
 import xxhash
 
-from kvtier.block.compress import (
-    check_zstd_sizes,
-    compressor,
-    decompress,
-    shuffle_bytes,
-    unpack_into,
-    unshuffle,
+from kvtier.block.compress import compressor, decompress, shuffle_bytes, unpack_into, unshuffle
+from kvtier.block.crypt import TAG_LEN, Keyring
+from kvtier.block.header import (
+    _UNCOMPRESSED,
+    ALIGN,
+    ALIGN_MIN,
+    CODEC_NONE,
+    CODEC_ZSTD,
+    CODECS,
+    MAGIC,
+    SHUFFLE_WIDTHS,
+    ZSTD_LEVELS,
+    Codec,
+    Header,
+    _header_bytes,
+    header_size,
+    parse_header,
 )
-from kvtier.block.crypt import KEY_ID_LEN, NONCE_LEN, TAG_LEN, Keyring
-from kvtier.block.namespace import FORMAT_VERSION
+from kvtier.block.sealed import (
+    open_scattered,
+    scatter_sealed,
+    sealed_header,
+)
+from kvtier.block.sealed import (
+    open_sealed as _open,
+)
 from kvtier.spec import BytesLike, CorruptBlockError
 
 try:
@@ -75,6 +91,8 @@ __all__ = [
     "ALIGN",
     "ALIGN_MIN",
     "CODECS",
+    "CODEC_NONE",
+    "CODEC_ZSTD",
     "MAGIC",
     "SHUFFLE_WIDTHS",
     "ZSTD_LEVELS",
@@ -83,6 +101,7 @@ __all__ = [
     "Decoded",
     "Frame",
     "Header",
+    "SealedFrame",
     "check_payload",
     "check_scattered",
     "checks_while_copying",
@@ -94,66 +113,12 @@ __all__ = [
     "encode_parts",
     "header_size",
     "kept_as",
+    "lazy_frame",
     "parse_header",
     "recode",
     "scatter_for",
     "trailer",
 ]
-
-MAGIC = b"KVTB"
-_PREFIX = struct.Struct("<4sH")
-_MAX_HEADER = 512
-CODEC_NONE = 0
-CODEC_ZSTD = 1
-#: Codec names as a tier's ``codec`` takes them, and the id a header records.
-CODECS = {"none": CODEC_NONE, "zstd": CODEC_ZSTD}
-#: Element widths byte-shuffle groups by (16-, 32- and 64-bit values); a header
-#: records 0 for none.  A tier's ``shuffle`` also takes 1, which like 0 turns
-#: it off: bytes of one-byte elements are already grouped.
-SHUFFLE_WIDTHS = (2, 4, 8)
-#: The compression levels zstd accepts, fastest (negative) to smallest.
-ZSTD_LEVELS = range(-7, 23)
-#: Alignment of large uncompressed payloads within a block (a page, and the
-#: logical block size of common disks).
-ALIGN = 4096
-#: Uncompressed payloads from this size on are aligned; below it the padding
-#: would cost more than 1.6% of the block.
-ALIGN_MIN = 256 << 10
-@dataclass(frozen=True)
-class Codec:
-    """How a tier encodes payloads: ``zstd`` at ``level``, after byte-shuffle;
-    sealed with ``seal``'s writing key where one is given.  ``tenant`` is the
-    name new frames carry (a tier's namespace's tenant)."""
-
-    name: str = "none"
-    level: int = 1
-    shuffle: int = 0
-    tenant: bytes = b""
-    seal: Keyring | None = None
-
-    @property
-    def codec_id(self) -> int:
-        return CODECS[self.name]
-
-
-_UNCOMPRESSED = Codec()
-
-
-@dataclass(frozen=True)
-class Header:
-    namespace: bytes
-    key: bytes
-    stored_len: int
-    codec: int
-    checksum: bytes
-    raw_len: int
-    shuffle: int
-    size: int  # bytes taken by magic, length and header before the payload
-    tenant: bytes = b""
-    key_id: bytes = b""  # empty: plaintext
-    nonce: bytes = b""
-    aad: bytes = b""  # a sealed block's header as stored: the cipher's associated data
-
 
 class Decoded(NamedTuple):
     """What :func:`decode` gives: the raw payload as new ``bytes``, and the header it parsed."""
@@ -177,67 +142,20 @@ class Checked(NamedTuple):
     verified: bool
 
 
-def _header_bytes(
-    namespace: bytes,
-    key: bytes,
-    stored_len: int,
-    codec: int,
-    checksum: bytes,
-    raw_len: int,
-    shuffle: int,
-    tenant: bytes = b"",
-    key_id: bytes = b"",
-    nonce: bytes = b"",
-) -> bytes:
-    body: bytes = msgpack.packb(
-        [FORMAT_VERSION, namespace, key, stored_len, codec, checksum, raw_len, shuffle,
-         tenant, key_id, nonce],
-        use_bin_type=True,
-    )
-    head = _PREFIX.pack(MAGIC, len(body)) + body
-    if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
-        return head + bytes(-len(head) % ALIGN)
-    return head
-
-
-def header_size(namespace: bytes, key: bytes, payload_len: int, codec: Codec | None = None) -> int:
-    """Bytes before the payload in an uncompressed block of ``payload_len``
-    written by a tier of ``codec`` (its tenant, whether it seals).
-
-    Lets a reader size a scatter list ``[header, payload]`` so an
-    uncompressed block lands straight in the caller's buffer.
-    """
-    codec = codec or _UNCOMPRESSED
-    return _header_len(len(namespace), len(key), payload_len, len(codec.tenant),
-                       codec.seal is not None)
-
-
-@functools.lru_cache(maxsize=1024)
-def _header_len(namespace_len: int, key_len: int, payload_len: int, tenant_len: int = 0,
-                sealed: bool = False) -> int:
-    # msgpack's length of a bin depends on its length alone, so a batch of
-    # one block size packs one header here, not one per block (1.3 us each)
-    if sealed:
-        return len(_header_bytes(bytes(namespace_len), bytes(key_len), payload_len + TAG_LEN,
-                                 CODEC_NONE, b"", payload_len, 0, bytes(tenant_len),
-                                 bytes(KEY_ID_LEN), bytes(NONCE_LEN)))
-    return len(_header_bytes(bytes(namespace_len), bytes(key_len), payload_len, CODEC_NONE,
-                             bytes(8), payload_len, 0, bytes(tenant_len)))
-
-
 def scatter_for(
     namespace: bytes, key: bytes, out: memoryview, codec: Codec
 ) -> tuple[bytearray, list[memoryview]]:
-    """A scatter list that reads an uncompressed block of ``codec`` straight into ``out``.
+    """A scatter list that reads an uncompressed block of ``codec`` into ``out``.
 
-    Returns ``(head, [header, out])``, or for a sealed block ``(head,
-    [header, out, tag])``: ``head`` holds the header, and after it the tag.
-    :func:`check_scattered` checks what the list read.
+    Returns ``(head, [header, out])``: ``head`` holds the header.  A sealed
+    block's list is :func:`~kvtier.block.sealed.scatter_sealed`'s, whose head
+    holds the tag after the header.  :func:`check_scattered` checks what the
+    list read.
     """
-    size = header_size(namespace, key, out.nbytes, codec)
-    head = bytearray(size + (TAG_LEN if codec.seal is not None else 0))
-    view = memoryview(head)
-    return head, [view[:size], out, *([view[size:]] if codec.seal is not None else [])]
+    if codec.seal is not None:
+        return scatter_sealed(namespace, key, out, codec)
+    head = bytearray(header_size(namespace, key, out.nbytes, codec))
+    return head, [memoryview(head), out]
 
 
 def trailer(header: Header) -> int:
@@ -250,14 +168,11 @@ def check_scattered(
 ) -> None:
     """Check an uncompressed block read by :func:`scatter_for`'s list, whose layout
     the caller compared: a plaintext payload's checksum when ``verify``, or a
-    sealed one opened in place in ``out`` (its tag always checked)."""
-    if not header.key_id:
+    sealed one opened into ``out`` (its tag always checked)."""
+    if header.key_id:
+        open_scattered(header, head, out, seal)
+    else:
         check_payload(header, out, verify)
-        return
-    if seal is None:
-        raise CorruptBlockError("sealed block, and this tier has no keys (encrypt is not set)")
-    tag = memoryview(head)[header.size : header.size + TAG_LEN]
-    seal.open_in_place(header.key_id, header.tenant, header.nonce, header.aad, out, tag)
 
 
 def encode_parts(
@@ -280,9 +195,8 @@ def encode_parts(
     seal = codec.seal
     if seal is not None:  # the GCM tag stands in for the checksum: one pass over the payload
         nonce = seal.nonce()
-        header = _header_bytes(namespace, key, memoryview(stored).nbytes + TAG_LEN,
-                               codec.codec_id, b"", raw_len, shuffle, codec.tenant,
-                               seal.write_id, nonce)
+        header = sealed_header(namespace, key, memoryview(stored).nbytes, raw_len, shuffle,
+                               codec, nonce)
         return header, seal.seal(codec.tenant, nonce, stored, header)
     checksum = _checksum(stored, shuffle)
     header = _header_bytes(namespace, key, len(stored), codec.codec_id, checksum, raw_len, shuffle,
@@ -344,6 +258,73 @@ class Frame(Sequence[BytesLike]):
         raise IndexError("a frame has two parts, header and payload")
 
 
+class SealedFrame(Frame):
+    """An uncompressed block of a tier that seals, as the gather list ``(header,
+    ciphertext, tag)``, sealed late.
+
+    Its header, with a fresh nonce, and its size are made at once; the
+    payload is sealed when its ciphertext or tag is first read.  A backend
+    writing a batch in I/O threads (fs) thus seals each block in the thread
+    that writes it, beside the other threads' writes, rather than every
+    block in the calling thread before the first write (BENCHMARKS.md,
+    "Encryption at rest").  Ciphertext and tag are apart, so that an
+    O_DIRECT write takes the page-aligned ciphertext as it is.  As for a
+    :class:`Frame`, the payload must stay unchanged until the put returns;
+    two threads sealing it first at once both make the same bytes (one nonce).
+    """
+
+    __slots__ = ("_nonce", "_sealed")
+
+    def __init__(self, namespace: bytes, key: bytes, payload: BytesLike, codec: Codec) -> None:
+        if codec.name != "none" or codec.seal is None:
+            raise ValueError("a SealedFrame is an uncompressed block of a tier that seals")
+        self._namespace, self._key, self._codec = namespace, key, codec
+        self._payload = memoryview(payload).cast("B")
+        size = self._payload.nbytes
+        self._nonce = codec.seal.nonce()
+        self._header = sealed_header(namespace, key, size, size, 0, codec, self._nonce)
+        self._sealed: memoryview | None = None
+        self.nbytes = len(self._header) + size + TAG_LEN
+
+    @property
+    def sealed(self) -> memoryview:
+        """The payload sealed: ciphertext, then tag."""
+        sealed = self._sealed
+        if sealed is None:
+            seal = self._codec.seal
+            assert seal is not None
+            sealed = seal.seal(self._codec.tenant, self._nonce, self._payload, self.header)
+            self._sealed = sealed
+        return sealed
+
+    def __len__(self) -> int:
+        return 3
+
+    @overload
+    def __getitem__(self, index: int) -> BytesLike: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[BytesLike]: ...
+    def __getitem__(self, index: int | slice) -> BytesLike | Sequence[BytesLike]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(3)[index]]
+        if not -3 <= index < 3:
+            raise IndexError("a sealed frame has three parts, header, ciphertext and tag")
+        index %= 3
+        if index == 0:
+            return self.header
+        size = self._payload.nbytes
+        return self.sealed[:size] if index == 1 else self.sealed[size:]
+
+
+def lazy_frame(namespace: bytes, key: bytes, payload: BytesLike, codec: Codec) -> Frame:
+    """An uncompressed block of a tier of ``codec`` as a gather list whose costly
+    pass over the payload is made when a backend first reads it: a
+    :class:`SealedFrame` for a tier that seals, else a :class:`Frame`."""
+    if codec.seal is not None:
+        return SealedFrame(namespace, key, payload, codec)
+    return Frame(namespace, key, payload, codec)
+
+
 def _checksum(stored: BytesLike, shuffle: int) -> bytes:
     # the seed binds the shuffle width: a flipped width would pass the payload
     # check and hand out scrambled bytes
@@ -355,73 +336,6 @@ def encode(namespace: bytes, key: bytes, payload: BytesLike, codec: Codec) -> by
     """Encode one block as a single ``bytes`` object (one copy of the payload)."""
     header, stored = encode_parts(namespace, key, payload, codec)
     return b"".join((header, stored))
-
-
-def parse_header(blob: BytesLike, namespace: bytes, key: bytes) -> Header:
-    """Parse and check the header at the start of ``blob``.
-
-    Checks magic, version, namespace and key; the payload's length and
-    checksum are checked by :func:`decode_into`.
-    """
-    view = memoryview(blob).cast("B")
-    if view.nbytes < _PREFIX.size:
-        raise CorruptBlockError("block shorter than its prefix")
-    magic, hlen = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise CorruptBlockError("bad magic")
-    if hlen > _MAX_HEADER or view.nbytes < _PREFIX.size + hlen:
-        raise CorruptBlockError("bad header length")
-    try:
-        fields = msgpack.unpackb(
-            view[_PREFIX.size : _PREFIX.size + hlen],
-            raw=True,
-            use_list=True,
-            strict_map_key=True,
-            max_bin_len=128,
-            max_str_len=0,
-            max_array_len=16,
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise CorruptBlockError(f"unreadable header: {exc}") from None
-    if not isinstance(fields, list) or len(fields) != 11:
-        raise CorruptBlockError("header is not an 11-field array")
-    version, ns, hkey, stored_len, codec, checksum, raw_len, shuffle, tenant, key_id, nonce = fields
-    if version != FORMAT_VERSION:
-        raise CorruptBlockError(f"format version {version!r}, expected {FORMAT_VERSION}")
-    if ns != namespace:
-        raise CorruptBlockError("block belongs to another namespace")
-    if hkey != key:
-        raise CorruptBlockError("block belongs to another key")
-    ints = (stored_len, codec, raw_len, shuffle)
-    if not all(type(v) is int and v >= 0 for v in ints):
-        raise CorruptBlockError("header fields have wrong types")
-    if codec not in CODECS.values() or (shuffle and shuffle not in SHUFFLE_WIDTHS):
-        raise CorruptBlockError(f"unknown codec {codec} or shuffle {shuffle}")
-    if not all(isinstance(v, bytes) for v in (checksum, tenant, key_id, nonce)):
-        raise CorruptBlockError("header fields have wrong types")
-    sealed = bool(key_id)
-    if sealed and (checksum or len(key_id) != KEY_ID_LEN or len(nonce) != NONCE_LEN):
-        raise CorruptBlockError("bad key id, nonce or checksum field in a sealed block")
-    if not sealed and (len(checksum) != 8 or nonce):
-        raise CorruptBlockError("bad checksum field")
-    tag = TAG_LEN if sealed else 0
-    if stored_len < tag or len(tenant) > 64:
-        raise CorruptBlockError("bad stored length or tenant")
-    if codec == CODEC_NONE and (raw_len + tag != stored_len or shuffle):
-        raise CorruptBlockError("uncompressed block with inconsistent lengths")
-    size = _PREFIX.size + hlen
-    if codec == CODEC_NONE and stored_len >= ALIGN_MIN:
-        size += -size % ALIGN
-        padding = view[_PREFIX.size + hlen : size].tobytes()
-        if padding != bytes(size - _PREFIX.size - hlen):  # short, or not zero
-            raise CorruptBlockError("header padding is short or not zero")
-    if codec == CODEC_ZSTD:  # a sealed frame's size is checked once it is opened
-        check_zstd_sizes(view[size:] if not sealed else view[:0], stored_len - tag, raw_len)
-    aad = view[:size].tobytes() if sealed else b""
-    return Header(ns, hkey, stored_len, codec, checksum, raw_len, shuffle, size, tenant, key_id,
-                  nonce, aad)
 
 
 def check_payload(
@@ -442,17 +356,6 @@ def check_payload(
         _open(header, stored, seal)
     elif _checksum(stored, header.shuffle) != header.checksum:
         raise CorruptBlockError("checksum mismatch")
-
-
-def _open(header: Header, stored: BytesLike, seal: Keyring | None,
-          out: memoryview | None = None) -> memoryview:
-    """A sealed payload opened into ``out`` (else new memory): the codec's output."""
-    if seal is None:
-        raise CorruptBlockError("sealed block, and this tier has no keys (encrypt is not set)")
-    if out is None:
-        out = np.empty(header.stored_len - TAG_LEN, dtype=np.uint8).data
-    seal.open_into(header.key_id, header.tenant, header.nonce, stored, header.aad, out)
-    return out
 
 
 def digest(data: BytesLike) -> int:

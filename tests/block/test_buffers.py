@@ -21,7 +21,8 @@ from kvtier.block.buffers import (
 
 def test_the_helpers_are_public() -> None:
     assert sorted(buffers.__all__) == [
-        "byte_views", "copy_bytes", "joined", "nbytes", "own", "parts_nbytes", "scatter",
+        "byte_views", "copy_bytes", "joined", "landed", "nbytes", "own", "parts_nbytes",
+        "scatter",
     ]
     for name in buffers.__all__:
         assert getattr(buffers, name).__doc__, name
