@@ -8,6 +8,7 @@ processes: tests/backends/fs/test_pool_tenants_noisy.py.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ from fs_blocks import blob, files_on_disk, open_fs
 
 from kvtier.backends.fs.pool import DB_NAME
 from kvtier.block.framing import Codec, encode
+from kvtier.config import load_config
 from kvtier.plugins.registry import BackendHandle
+from kvtier.policies.tenancy import parse_tenants
 from kvtier.spec import ConfigError
 
 KiB = 1 << 10
@@ -198,3 +201,23 @@ def test_without_the_pool_the_bound_is_the_least_of_capacity_and_quota(
     assert globex.capabilities().capacity == 6 * SIZE
     mine = put_all(acme, "a", 10, seed=0)
     assert exact(acme, mine, 0) == [False] * 6 + [True] * 4
+
+
+def test_the_documented_example_opens_a_pool_with_its_tenants(tmp_path: Path,
+                                                              handles: list) -> None:
+    """docs/tenants.md's ``fs`` example, loaded as a file and opened on a local root."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "tenants.md").read_text()
+    section = doc[doc.index("### On `fs` (available)"):]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert example is not None
+    path = tmp_path / "tiers.yaml"
+    path.write_text(example[1].replace("file:///mnt/nvme/kv", f"file://{tmp_path / 'kv'}"))
+    (disk,) = load_config(path).tiers
+    rules = parse_tenants(disk.options["tenants"])
+    assert rules.quota("acme") == 200 << 30 and rules.quota("initech") == 50 << 30
+    assert rules.quota("globex") is None and rules.rule("globex").weight == 2
+    acme = open_fs(tmp_path / "kv", handles, ACME, capacity=disk.options["capacity"],
+                   capacity_scope=disk.options["capacity_scope"],
+                   tenants=disk.options["tenants"], tenant="acme")
+    assert acme.put([b"k"], [blob(SIZE)], []) == [True]
+    assert tenant_figures(acme)["tenant_bytes.acme"] == SIZE

@@ -159,6 +159,7 @@ def test_without_tenants_the_noisy_one_takes_the_quiet_ones_blocks(tmp_path: Pat
     """The control: the same processes and bytes, no ``tenants``: the proof above fails."""
     alone, _, _ = run(tmp_path / "alone", noisy=False, tenants=False)
     beside, noisy, _ = run(tmp_path / "noisy", noisy=True, tenants=False)
-    print(f"control: quiet alone {_ratio(alone):.4f}, beside {_ratio(beside):.4f}")
+    print(f"control: quiet alone {_ratio(alone):.4f}, beside {_ratio(beside):.4f}; noisy put "
+          f"{noisy['put_bytes'] / MiB:.1f} MiB")
     assert noisy["put_bytes"] >= 10 * QUOTA["noisy"]
     assert _ratio(alone) - _ratio(beside) > 0.01
