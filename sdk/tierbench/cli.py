@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kvtier import console as output
 from kvtier.config.units import parse_size
+from kvtier.tierbench import twin
 from kvtier.tierbench.runner import (
     BUILTIN,
     BenchSettings,
@@ -72,6 +73,13 @@ def render(report: dict[str, Any], console: Console) -> None:
         console.print(table)
         for note in tiers["notes"]:
             console.print(f"note: {note}", highlight=False)
+        for row in tiers["results"]:
+            for raw in row["raw"]:
+                if raw["name"] == twin.LABEL and raw["ratio_p50"]:
+                    console.print(f"encryption: {row['tier']} {row['op']} costs "
+                                  f"{100 * (1 / raw['ratio_p50'] - 1):+.1f}% over the same tier "
+                                  "in plaintext (median batch times, same rounds)",
+                                  highlight=False)
     d = report.get("dispatch")
     if d:
         table = Table(title=f"pluggy dispatch, host backend, batch of {d['batch']}")
@@ -158,19 +166,25 @@ def run_report(settings: BenchSettings, sections: tuple[str, ...],
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("--backend", "backends", multiple=True, type=click.Choice(BUILTIN),
               help="Without --config: only these built-in backends (repeatable).")
+@click.option("--encrypt", is_flag=True,
+              help="Without --config: also the fs and object tiers with encrypt on, each beside "
+                   "its plaintext twin (a tier with encrypt always gets one).")
+@click.option("--aligned", is_flag=True,
+              help="Page-aligned blocks and read buffers, as an engine's KV rows are.")
 @click.option("--section", "sections", multiple=True, type=click.Choice(SECTIONS),
               help=f"Only these sections (repeatable) [default: {', '.join(SECTIONS)}].")
 def bench_command(config_path: str | None, block_size: str, blocks: int, rounds: int | None,
-                  quick: bool, as_json: bool, backends: tuple[str, ...],
-                  sections: tuple[str, ...]) -> None:
+                  quick: bool, as_json: bool, backends: tuple[str, ...], encrypt: bool,
+                  aligned: bool, sections: tuple[str, ...]) -> None:
     """Throughput and latency of each tier beside the raw ceiling of its medium.
 
     Without --config: host; fs in a temporary directory; object on
     $KVTIER_BENCH_S3_ENDPOINT / $KVTIER_BENCH_S3_BUCKET (credentials from
     AWS_*), else on a local SeaweedFS if `weed` is installed; peer against a
     `kvtier serve` started on loopback; host also with verify: false, fs also
-    with direct_io: false.  Plus pluggy dispatch cost, lookup cost over a
-    3-tier chain and codec ratio and speed.
+    with direct_io: false; with --encrypt, fs and object also encrypted,
+    each beside the same tier in plaintext in the same rounds.  Plus pluggy
+    dispatch cost, lookup cost over a 3-tier chain and codec ratio and speed.
     """
     try:
         size = parse_size(block_size)
@@ -180,7 +194,8 @@ def bench_command(config_path: str | None, block_size: str, blocks: int, rounds:
         raise click.BadParameter("must be at least 1 byte", param_hint="--block-size")
     settings = BenchSettings(block_size=size, blocks=blocks,
                              rounds=rounds if rounds is not None else (2 if quick else 8),
-                             quick=quick, backends=backends or BUILTIN, config=config_path)
+                             quick=quick, backends=backends or BUILTIN, config=config_path,
+                             encrypt=encrypt, aligned=aligned)
     progress = Progress(0)
     try:
         report = run_report(settings, sections or SECTIONS, progress)

@@ -21,6 +21,13 @@ does with no kvtier at all:
 * ``peer``: ``sendall``/``recv_into`` over loopback to a plain socket server
   in a process of its own, as ``kvtier serve`` is.
 
+A tier with ``encrypt`` also has the same tier in plaintext beside it, run
+through kvtier in the same rounds (:mod:`kvtier.tierbench.twin`); ``--encrypt``
+adds encrypted ``fs`` and ``object`` tiers to the built-in ones.  Blocks are
+``bytes`` and read buffers ``bytearray``s, or with ``--aligned`` page-aligned
+memory, as an engine's KV rows are (which ``O_DIRECT`` takes without a
+bounce copy).
+
 The ceilings are in :mod:`kvtier.tierbench.ceilings`.  Every block read back,
 by kvtier or raw, is compared with what was written; a difference is
 reported, never hidden.  Rounds interleave kvtier and raw so that a
@@ -36,6 +43,7 @@ disturbed round on a shared machine does not move.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import platform
 import shutil
@@ -63,6 +71,7 @@ from kvtier.tierbench.ceilings import (
     warm_page_cache,
 )
 from kvtier.tierbench.first import first_use
+from kvtier.tierbench.twin import PlaintextTwin, encrypted_entries, is_encrypted
 
 __all__ = ["BenchSettings", "Progress", "Series", "run_tiers", "tier_plan"]
 
@@ -77,6 +86,10 @@ class BenchSettings:
     quick: bool = False
     backends: tuple[str, ...] = BUILTIN
     config: str | None = None
+    #: Also the built-in fs and object tiers with ``encrypt`` on (:mod:`.twin`).
+    encrypt: bool = False
+    #: Blocks and read buffers page-aligned, as an engine's KV rows are.
+    aligned: bool = False
 
 
 class Progress:
@@ -247,6 +260,8 @@ def _default_entries(settings: BenchSettings, scratch: Path, stack: ExitStack,
             local.add("peer")
         else:
             raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BUILTIN)}")
+    if settings.encrypt:
+        entries += encrypted_entries(entries, scratch)
     return entries, local
 
 
@@ -274,9 +289,19 @@ def _object_entry(stack: ExitStack, notes: list[str]) -> dict[str, Any] | None:
     return entry
 
 
-def _blocks(count: int, size: int, seed: int) -> list[bytes]:
+def _blocks(count: int, size: int, seed: int, aligned: bool = False) -> list[Any]:
     rng = np.random.default_rng(seed)
-    return [rng.bytes(size) for _ in range(count)]
+    if not aligned:
+        return [rng.bytes(size) for _ in range(count)]
+    blocks = [_aligned(size) for _ in range(count)]
+    for block in blocks:
+        block[:] = rng.bytes(size)
+    return blocks
+
+
+def _aligned(size: int) -> memoryview:
+    """``size`` bytes at a page boundary (mmap memory is page-aligned)."""
+    return memoryview(mmap.mmap(-1, max(size, 1)))[:size]
 
 
 def _check(outs: Sequence[memoryview], blocks: Sequence[bytes]) -> int:
@@ -297,8 +322,8 @@ class _Round:
     """One round's blocks and buffers, shared by kvtier and every ceiling."""
 
     keys: list[bytes]
-    blocks: list[bytes]
-    outs: list[bytearray]
+    blocks: list[Any]
+    outs: list[Any]
 
     @property
     def names(self) -> list[str]:
@@ -345,13 +370,13 @@ def _raw_round(raw: Raw, r: _Round) -> tuple[dict[str, float], int]:
     start = time.perf_counter()
     raw.put(names, views)
     times["put"] = time.perf_counter() - start
-    if isinstance(raw, FileRaw):
+    if isinstance(raw, (FileRaw, PlaintextTwin)):
         raw.warm_cache(names)
     start = time.perf_counter()
     raw.get(names, out_views)
     times["get"] = time.perf_counter() - start
     bad = r.check()
-    if "get-uncached" in raw.reports and isinstance(raw, FileRaw):
+    if "get-uncached" in raw.reports and isinstance(raw, (FileRaw, PlaintextTwin)):
         raw.drop_cache(names)
         r.clear_outs()
         start = time.perf_counter()
@@ -367,10 +392,13 @@ def _measure_tier(plan: Plan, settings: BenchSettings, namespace: Namespace,
     tier = plan.tier
     n, size = settings.blocks, settings.block_size
     batch = n * size
-    blocks = _blocks(n, size, seed=len(tier.name))
-    outs = [bytearray(size) for _ in range(n)]
+    blocks = _blocks(n, size, len(tier.name), settings.aligned)
+    outs = [_aligned(size) if settings.aligned else bytearray(size) for _ in range(n)]
     kv = {op: Series(batch) for op in plan.ops}
     raws = plan.raws()
+    if is_encrypted(tier) and tier.backend in ("fs", "object"):
+        # the same tier unencrypted, in the same rounds: what encryption costs
+        raws.insert(0, PlaintextTwin(tier, namespace, plan.files))
     raw_series = [{op: Series(batch) for op in plan.ops} for _ in raws]
     bad = {"kvtier": 0, **{raw.label: 0 for raw in raws}}
     chain = Chain(_chain_of(tier), namespace, job_workers=1)

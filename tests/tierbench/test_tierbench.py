@@ -48,6 +48,23 @@ def test_bench_quick_json_host_and_fs() -> None:
     assert "/" in done.stderr  # the progress bar went to stderr, not into the JSON
 
 
+def test_bench_encrypt_sets_each_encrypted_tier_beside_its_plaintext_twin() -> None:
+    done = _bench("--backend", "fs", "--encrypt", "--aligned", "--block-size", "512KiB",
+                  "--blocks", "4", "--section", "tiers")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["settings"]["encrypt"] is True and report["settings"]["aligned"] is True
+    rows = {(r["tier"], r["op"]): r for r in report["tiers"]["results"]}
+    for op in ("put", "get", "get-uncached"):
+        row = rows[("fs-encrypted", op)]
+        assert row["verified"] is True and set(row["mismatches"].values()) == {0}, row
+        twin = [raw for raw in row["raw"] if raw["name"] == "kvtier plaintext"]
+        assert len(twin) == 1 and twin[0]["gbps"] > 0 and twin[0]["ratio_p50"] > 0
+        assert row["mismatches"]["kvtier plaintext"] == 0  # its reads were compared too
+        # the plaintext tiers have no twin
+        assert all(raw["name"] != "kvtier plaintext" for raw in rows[("fs", op)]["raw"])
+
+
 def test_bench_lookup_and_codec_sections() -> None:
     done = _bench("--backend", "host", "--block-size", "64KiB", "--section", "lookup",
                   "--section", "codec")
