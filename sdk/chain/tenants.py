@@ -18,6 +18,12 @@ The tenants share each tier's capacity under the tier's ``tenants`` rules
 (``host``) shares one capacity between the chains of one :class:`Tenants`:
 each tier whose backend takes the internal ``share`` option is handed one
 group, the same for every tenant's chain (docs/tenants.md).
+
+:meth:`Tenants.stats` gives each tenant's figures per tier
+(:mod:`kvtier.observe.tenant_figures`).  With ``metrics.prometheus_port``, the
+pool is exported once, per tenant, its top tenants by bytes held apart and the
+rest as ``other`` (:mod:`kvtier.observe.tenant_metrics`); the tenants' chains
+are not exported each on its own, which would give every tenant its series.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from typing import Any
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
 from kvtier.config.chain_config import ChainConfig, load_config
+from kvtier.observe.tenant_figures import tenant_figures
+from kvtier.observe.tenant_metrics import TenantsReporter
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ClosedError
 
@@ -70,6 +78,12 @@ class Tenants:
         self._chains: dict[str, Chain] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # the pool is exported as one, its tenants' chains not each on its own
+        metrics = self.config.metrics
+        self._chain_config = dataclasses.replace(
+            self.config, metrics=dataclasses.replace(metrics, prometheus_port=None))
+        self._reporter = (None if metrics.prometheus_port is None
+                          else TenantsReporter(self, metrics))
 
     def chain(self, tenant: str | None) -> Chain:
         """The chain of ``tenant`` (``None``: the default tenant), opened on first use."""
@@ -79,7 +93,7 @@ class Tenants:
                 raise ClosedError("tenants are closed")
             chain = self._chains.get(namespace.tenant)
             if chain is None:
-                chain = Chain(self.config, namespace, self._registry, **self._options)
+                chain = Chain(self._chain_config, namespace, self._registry, **self._options)
                 self._chains[namespace.tenant] = chain
             return chain
 
@@ -88,8 +102,30 @@ class Tenants:
         with self._lock:
             return sorted(self._chains)
 
+    def stats(self) -> dict[str, Any]:
+        """Per tenant, per tier: hits, misses, refused, evictions, expired and used_bytes.
+
+        ``namespace`` is the default tenant's; ``tenants`` holds every tenant
+        opened here, and every tenant a tier reports (a shared ``fs`` pool
+        reports those of other processes too), by name
+        (:func:`~kvtier.observe.tenant_figures.tenant_figures`).
+        """
+        namespace, figures, _ = self.tenant_snapshot()
+        return {"namespace": namespace, "tenants": figures}
+
+    def tenant_snapshot(self) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
+        """``(namespace, figures per tenant, Chain.stats per open tenant)``: what
+        :meth:`stats` and the Prometheus endpoint read, the chains' stats read once."""
+        with self._lock:
+            chains = dict(self._chains)
+        opened = {tenant: chain.stats() for tenant, chain in chains.items()}
+        figures = tenant_figures(opened, [tier.name for tier in self.config.tiers])
+        return self.namespace.for_tenant(None).hex, figures, opened
+
     def close(self) -> None:
         """Close every tenant's chain.  Idempotent."""
+        if self._reporter is not None:
+            self._reporter.stop()
         with self._lock:
             self._closed = True
             chains, self._chains = list(self._chains.values()), {}

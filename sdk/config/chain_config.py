@@ -114,6 +114,10 @@ class MetricsConfig:
     log_interval: float | None = None
     #: The address the Prometheus endpoint listens on: this host only unless told otherwise.
     prometheus_host: str = "127.0.0.1"
+    #: Tenants with series of their own (kvtier.observe.tenant_metrics); the rest are 'other'.
+    tenants_top: int = 20
+    #: Seconds between two rankings of the tenants by bytes held.
+    tenants_interval: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -287,7 +291,9 @@ class _Validator:
             record = RecordConfig(settings["record.path"], 1.0 if sample is None else sample)
         metrics = MetricsConfig(settings["metrics.prometheus_port"],
                                 settings["metrics.log_interval"],
-                                settings["metrics.prometheus_host"])
+                                settings["metrics.prometheus_host"],
+                                settings["metrics.tenants_top"],
+                                settings["metrics.tenants_interval"])
         return ChainConfig(tuple(t for t in tiers if t is not None), metrics, self.label, load,
                            record, dict(self.given(top, "")), dict(self.env))
 

@@ -145,6 +145,8 @@ def _chain_rows(config: ChainConfig) -> Iterator[Setting]:
         "metrics.prometheus_port": metrics.prometheus_port,
         "metrics.prometheus_host": metrics.prometheus_host,
         "metrics.log_interval": metrics.log_interval,
+        "metrics.tenants_top": metrics.tenants_top,
+        "metrics.tenants_interval": metrics.tenants_interval,
     }
     for key, opt in CHAIN_OPTIONS.items():
         # ``record: FILE`` is short for ``record: {path: FILE}``

@@ -164,4 +164,10 @@ CHAIN_OPTIONS: Mapping[str, Option] = {
                                       default="127.0.0.1", check=_not_blank),
     "metrics.log_interval": Option("duration", "log the chain's stats this often",
                                    check=_positive("longer")),
+    "metrics.tenants_top": Option("int", "tenants with Prometheus series of their own, those "
+                                  "holding the most bytes; the rest are summed as 'other'",
+                                  default=20, check=_within(0, 10_000, "0 to 10000 tenants")),
+    "metrics.tenants_interval": Option("duration", "how often the tenants with series of "
+                                       "their own are ranked again", default="60s",
+                                       check=_positive("longer")),
 }

@@ -32,8 +32,9 @@ from kvtier.spec import ConfigError
 if TYPE_CHECKING:
     from kvtier.chain.chain import Chain
     from kvtier.config.chain_config import MetricsConfig
+    from kvtier.observe.tenant_metrics import TenantsReporter
 
-__all__ = ["MetricsReporter", "read_sizing", "summary_line"]
+__all__ = ["MetricsReporter", "export", "read_sizing", "summary_line", "unexport"]
 
 log = logging.getLogger("kvtier.observe.metrics")
 
@@ -84,6 +85,9 @@ class _Exporter:
                 key="metrics.prometheus_port",
             ) from exc
         self.chains: weakref.WeakSet[Chain] = weakref.WeakSet()
+        #: Pools of tenants (:mod:`.tenant_metrics`): their top tenants' chains, and
+        #: their per-tenant families.
+        self.sources: weakref.WeakSet[TenantsReporter] = weakref.WeakSet()
         self.registry = CollectorRegistry()
         self.registry.register(self)
         self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
@@ -127,8 +131,13 @@ class _Exporter:
         samples = GaugeMetricFamily(
             "kvtier_recompute_samples", "timed recomputes the learned model holds",
             labels=["namespace", "source"])
-        for chain in list(self.chains):
-            stats = chain.stats()
+        every = [chain.stats() for chain in list(self.chains)]
+        per_tenant: list[Any] = []
+        for source in list(self.sources):
+            top_chains, families_of_tenants = source.collect()
+            every += top_chains
+            per_tenant += families_of_tenants
+        for stats in every:
             model = stats["recompute"]
             recompute.add_metric([stats["namespace"], model["source"]], model["per_token_s"])
             samples.add_metric([stats["namespace"], model["source"]], model["samples"])
@@ -152,6 +161,24 @@ class _Exporter:
                         sizing.add_metric([*values, key[len(_SIZING):]], value)
         yield from families.values()
         yield from (healthy, used, *own.values(), latency, block_load, sizing, recompute, samples)
+        yield from per_tenant
+
+
+def export(where: tuple[str, int], source: TenantsReporter) -> None:
+    """Export ``source`` on the endpoint at ``where`` (address, port), started if need be."""
+    with _exporters_lock:
+        exporter = _exporters.get(where)
+        if exporter is None:
+            exporter = _exporters[where] = _Exporter(*where)
+        exporter.sources.add(source)
+
+
+def unexport(where: tuple[str, int], source: TenantsReporter) -> None:
+    """Stop exporting ``source``; its series are gone from the next scrape."""
+    with _exporters_lock:
+        exporter = _exporters.get(where)
+        if exporter is not None:
+            exporter.sources.discard(source)
 
 
 _SIZING_LINE = re.compile(r'^kvtier_tier_sizing_hit_ratio\{(.*)\} (\S+)$', re.M)

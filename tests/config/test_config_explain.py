@@ -93,7 +93,8 @@ def test_every_setting_of_every_tier_is_listed(rows: tuple[str, list[Setting]]) 
     chain = {r.key for r in settings if r.tier == "(chain)"}
     assert chain == {"load_policy", "recompute", "load_margin", "cost_half_life",
                      "record.path", "record.sample", "metrics.prometheus_port",
-                     "metrics.prometheus_host", "metrics.log_interval"}
+                     "metrics.prometheus_host", "metrics.log_interval",
+                     "metrics.tenants_top", "metrics.tenants_interval"}
     assert {r.source for r in settings} == {"default", "file", "env"}
 
 
