@@ -24,6 +24,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,33 @@ def test_without_tenants_the_noisy_one_takes_the_quiet_ones_blocks(tmp_path: Pat
           f"{noisy['put_bytes'] / MiB:.1f} MiB")
     assert noisy["put_bytes"] >= 10 * QUOTA["noisy"]
     assert _ratio(alone) - _ratio(beside) > 0.01
+
+
+def test_a_quota_holds_for_a_tenants_processes_together(tmp_path: Path) -> None:
+    """Two processes of one tenant (two engines on its namespace) flood together: the
+    pool counts them as one tenant, so their blocks together stay within its quota."""
+    root = tmp_path / "root"
+    root.mkdir()
+    gate, stop = tmp_path / "gate", tmp_path / "stop"
+    options = {"capacity_scope": "pool", "eviction": "lru", "capacity": CAPACITY,
+               "tenants": RULES, "tenant": "noisy"}
+    floods = [_spawn({"url": f"file://{root}", "gate": str(gate), "stop": str(stop),
+                      "namespace": NOISY_NS, "mode": "flood", "size": SIZE,
+                      "options": options}) for _ in range(2)]
+    sampler = Sampler(root)
+    sampler.start()
+    gate.touch()
+    try:
+        while sampler.samples < 200:
+            time.sleep(0.05)
+    finally:
+        stop.touch()
+        reports = [_report(p) for p in floods]
+        sampler.stop.set()
+        sampler.join()
+    print(f"two processes put {[r['put_bytes'] / MiB for r in reports]} MiB; most counted "
+          f"{sampler.counted}, most on disk {sampler.files}")
+    assert all(r["put_bytes"] >= 5 * QUOTA["noisy"] for r in reports)
+    assert sampler.counted["noisy"] <= QUOTA["noisy"]
+    assert sampler.files["noisy"] <= QUOTA["noisy"] + SIZE  # a walk is no snapshot
+    assert _file_bytes(root / NOISY_NS) <= QUOTA["noisy"]  # all closed: a true count
