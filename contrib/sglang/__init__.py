@@ -14,8 +14,8 @@ prints these flags.  :class:`~kvtier.contrib.sglang.storage.KvtierStorage` is
 the backend; importing this package does not import SGLang, the class loads
 it when first used.
 
-May import :mod:`kvtier` (the chain), :mod:`kvtier.config` and
-:mod:`kvtier.spec`.
+May import :mod:`kvtier` (the chain), :mod:`kvtier.block` (a tenant's name),
+:mod:`kvtier.config` and :mod:`kvtier.spec`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from kvtier.block.namespace import check_tenant
 from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError
 
@@ -62,13 +63,15 @@ def host_pool_gb(chain: ChainConfig) -> int | None:
 
 
 def extra_config(
-    config: str | os.PathLike[str], *, interface_v1: bool = True, keep_host_tier: bool = False
+    config: str | os.PathLike[str], *, interface_v1: bool = True, keep_host_tier: bool = False,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """``--hicache-storage-backend-extra-config`` for the chain in YAML file ``config``.
 
     The file is validated first (a bad file raises :class:`~kvtier.spec.ConfigError`
     naming its line) and referred to by absolute path, since SGLang's ranks
-    may start in another directory.
+    may start in another directory.  ``tenant`` is the engine's tenant:
+    every page it stores and reads is that tenant's.
     """
     absolute = os.path.abspath(os.fspath(config))
     storage_chain(load_config(absolute), keep_host_tier=keep_host_tier)
@@ -82,16 +85,22 @@ def extra_config(
         out["interface_v1"] = 1
     if keep_host_tier:
         out["keep_host_tier"] = True
+    if tenant is not None:
+        try:
+            out["tenant"] = check_tenant(tenant)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="tenant") from exc
     return out
 
 
 def sglang_args(
-    config: str | os.PathLike[str], *, layout: str = "page_first", interface_v1: bool = True
+    config: str | os.PathLike[str], *, layout: str = "page_first", interface_v1: bool = True,
+    tenant: str | None = None,
 ) -> list[str]:
     """The ``sglang.launch_server`` arguments (a list, unquoted) for the chain in ``config``."""
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
-    extra = extra_config(config, interface_v1=interface_v1)
+    extra = extra_config(config, interface_v1=interface_v1, tenant=tenant)
     args = ["--enable-hierarchical-cache", "--hicache-mem-layout", layout]
     size_gb = host_pool_gb(load_config(extra["kvtier_config"]))
     if size_gb is not None:
@@ -120,10 +129,15 @@ def sglang_args(
     is_flag=True,
     help="Use SGLang's copying v0 calls instead of the zero-copy v1 calls.",
 )
-def sglang_args_command(file: str, layout: str, use_v0: bool) -> None:
+@click.option(
+    "--tenant",
+    default=None,
+    help="The engine's tenant: SGLang names none per request, so all its pages are this one's.",
+)
+def sglang_args_command(file: str, layout: str, use_v0: bool, tenant: str | None) -> None:
     """Print the SGLang flags that make the chain in FILE HiCache's storage (L3)."""
     try:
-        args = sglang_args(file, layout=layout, interface_v1=not use_v0)
+        args = sglang_args(file, layout=layout, interface_v1=not use_v0, tenant=tenant)
     except KvtierError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -28,6 +28,12 @@ Hybrid models (v2: ``batch_exists_v2``/``batch_get_v2``/``batch_set_v2``)
 
 A fault below (a tier down, a corrupt block, a full disk) is a miss or
 ``False`` for SGLang, logged once per call kind; the chain's stats count it.
+
+Tenants.  SGLang's storage calls carry no request (its controllers fill only
+``prefix_keys``), so the tenant is a setting of the engine process: the extra
+config's ``tenant`` (default ``default``), part of the namespace.  Engines of
+different tenants on one pool never read each other's pages; per-request
+tenancy is not available under SGLang (docs/tenants.md).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolTransferResult
 
 import kvtier
+from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError, PluginError
 
@@ -104,6 +111,7 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         extra.update(kwargs or {})
         self.storage_config = storage_config
         self.chain_config = _chain_config(extra)
+        self.tenant = _tenant_of(extra)
         self.interface = "v1" if bool(extra.get("interface_v1", 0)) else "v0"
         self.chain: kvtier.Chain | None = None
         self.mem_pool_host: Any = None
@@ -118,6 +126,7 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Open the chain in the namespace of this host pool (SGLang calls this once)."""
         namespace = namespace_for(self.storage_config, mem_pool_host, self.interface)
+        namespace = namespace.for_tenant(self.tenant)
         host = None
         regions = 1
         if self.interface == "v1":
@@ -132,9 +141,9 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         self._host, self._regions = host, regions
         self.chain = kvtier.open_chain(self.chain_config, namespace)
         log.info(
-            "kvtier: HiCache storage on %s, namespace %s (%s, %s, %s), interface %s",
+            "kvtier: HiCache storage on %s, namespace %s (%s, %s, %s, tenant %s), interface %s",
             " -> ".join(t.name for t in self.chain.tiers), namespace.hex, namespace.model,
-            namespace.kv_layout, namespace.parallel_layout, self.interface,
+            namespace.kv_layout, namespace.parallel_layout, namespace.tenant, self.interface,
         )
 
     def close(self) -> None:
@@ -410,6 +419,15 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
                 found = [False] * len(keys)
             results[t.name] = [bool(f) for f in found]
         return results
+
+
+def _tenant_of(extra: dict[str, Any]) -> str:
+    """The engine's tenant, from the extra config's ``tenant``; a bad name stops SGLang."""
+    tenant = extra.get("tenant", DEFAULT_TENANT)
+    try:
+        return check_tenant(tenant)
+    except ValueError as exc:
+        raise ConfigError(f"kvtier: extra config 'tenant': {exc}") from exc
 
 
 def _chain_config(extra: dict[str, Any]) -> ChainConfig:
