@@ -59,6 +59,7 @@ __all__ = [
     "remove",
     "scrub_store",
     "still_held",
+    "tenant_totals",
 ]
 
 #: Bytes of blocks read per get call while scrubbing or sampling.
@@ -235,19 +236,36 @@ class NamespaceSummary:
     codecs: Counter[str] = field(default_factory=Counter)
     #: Expected time to load a usual block, fitted from the sample's reads (0: none read).
     block_load_s: float = 0.0
+    #: Whose blocks these are: the tenant their headers name (each tenant is a namespace
+    #: of its own), else the descriptor's where no header was read; None: unknown.
+    tenant: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "description": self.description,
+                "tenant": self.tenant,
                 "blocks": self.blocks, "bytes": self.bytes, "oldest": self.oldest,
                 "newest": self.newest, "sampled": self.sampled, "codecs": dict(self.codecs),
                 "block_load_s": self.block_load_s}
+
+
+def tenant_totals(summaries: Sequence[NamespaceSummary]) -> list[dict[str, Any]]:
+    """Per tenant (most bytes first): its blocks, bytes and namespaces in the store."""
+    totals: dict[str | None, dict[str, Any]] = {}
+    for s in summaries:
+        into = totals.setdefault(s.tenant, {"tenant": s.tenant, "blocks": 0, "bytes": 0,
+                                            "namespaces": 0})
+        into["blocks"] += s.blocks
+        into["bytes"] += s.bytes
+        into["namespaces"] += 1
+    return sorted(totals.values(), key=lambda t: (-t["bytes"], t["tenant"] or ""))
 
 
 _CODEC_NAMES = {0: "none", 1: "zstd", -1: "corrupt"}
 
 
 def inspect_store(store: OperatorStore, sample: int) -> tuple[list[NamespaceSummary], int]:
-    """Per namespace: blocks, bytes, age range, codec mix of up to ``sample`` headers.
+    """Per namespace: blocks, bytes, age range, codec mix of up to ``sample`` headers,
+    and the tenant those headers name.
 
     Also answers how many namespace descriptors the catalog holds.
     """
@@ -288,8 +306,15 @@ def inspect_store(store: OperatorStore, sample: int) -> tuple[list[NamespaceSumm
             codec, _ = check_block(blob, entry, store.tier(batch[0].namespace).seal)
             summary.sampled += 1
             summary.codecs[_CODEC_NAMES.get(codec, str(codec))] += 1
+            if codec >= 0 and summary.tenant is None:  # a sound block's header names it
+                header = parse_header(blob, bytes.fromhex(entry.namespace), entry.key)
+                summary.tenant = header.tenant.decode("utf-8", "replace") or None
     for ns, cost in costs.items():
         summaries[ns].block_load_s = cost.predict(1)
+    for summary in summaries.values():
+        if summary.tenant is None and summary.description:
+            tenant = summary.description.get("tenant")
+            summary.tenant = tenant if isinstance(tenant, str) else None
     ordered = sorted(summaries.values(), key=lambda s: (-s.bytes, s.namespace))
     return ordered, catalog
 

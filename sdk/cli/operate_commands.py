@@ -36,6 +36,7 @@ from kvtier.cli.operate import (
     remove,
     scrub_store,
     still_held,
+    tenant_totals,
 )
 from kvtier.config.chain_config import load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
@@ -135,9 +136,12 @@ def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--metrics", "metrics", multiple=True, metavar="URL",
               help="A serving chain's Prometheus endpoint (repeatable): show its tiers' "
                    "online sizing, RAM tiers included.")
+@click.option("--tenant", "tenants", multiple=True, metavar="NAME",
+              help="Only this tenant's namespaces and figures (repeatable).")
 def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sample: int,
-                    metrics: tuple[str, ...]) -> None:
-    """What each tier of CONFIG holds: namespaces (model, dtype, ...), blocks, bytes, codecs.
+                    metrics: tuple[str, ...], tenants: tuple[str, ...]) -> None:
+    """What each tier of CONFIG holds: namespaces (model, dtype, ...), blocks, bytes, codecs,
+    and per tenant (named by the blocks' headers) its blocks and bytes.
 
     With --metrics, also the hit ratio each tier's serving process estimates at
     0.5x, 1x, 2x and 4x its capacity (online sizing, docs/sizing.md).
@@ -157,7 +161,10 @@ def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sam
                 except KvtierError as exc:
                     _fail(f"tier {store.name!r}: {exc}")
                     return
+                if tenants:
+                    summaries = [s for s in summaries if s.tenant in tenants]
                 row["namespaces"] = [s.as_json() for s in summaries]
+                row["tenants"] = tenant_totals(summaries)
                 row["descriptors"] = descriptors
                 read = [(s.sampled, s.block_load_s) for s in summaries if s.sampled]
                 row["block_load_s"] = (sum(n * t for n, t in read) / sum(n for n, _ in read)
@@ -226,7 +233,21 @@ def _inspect_tables(console: Console, report: list[dict[str, Any]]) -> None:
         if row["block_load_s"] is not None:
             console.print(f"expected load of a usual block: {row['block_load_s'] * 1e3:.3g} ms "
                           "(0.9 quantile, from the blocks read here)")
+        _tenant_table(console, row)
         _sizing_lines(console, row)
+
+
+def _tenant_table(console: Console, row: dict[str, Any]) -> None:
+    if not row["tenants"]:
+        return
+    table = Table(title=f"tier {row['tier']}: per tenant", title_justify="left")
+    table.add_column("tenant", overflow="fold")
+    for column in ("namespaces", "blocks", "bytes"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for t in row["tenants"]:
+        table.add_row(escape(t["tenant"] or "(unknown: no header read)"), str(t["namespaces"]),
+                      str(t["blocks"]), format_size(t["bytes"]))
+    console.print(table)
 
 
 # -------------------------------------------------------------------------
