@@ -11,9 +11,10 @@ Python future and a loop hop per request, the sync calls just release the GIL.
 The bucket is the authority and is shared by design: puts are conditional
 creates (``If-None-Match: *``), so a block another instance already stored is
 neither uploaded twice nor rewritten.  Lookups may be answered from a
-short-lived presence cache.  With ``capacity`` or ``max_age`` set, the
-instance keeps an index of the namespace (rebuilt by a LIST at open).  Age
-deletes by last-modified time; ``capacity`` deletes the oldest objects
+short-lived presence cache.  With ``capacity`` (or a quota) or ``expire``
+set, the instance keeps an index of the namespace (rebuilt by a LIST at
+open).  ``expire`` deletes by last-modified time (:mod:`.tenancy`);
+``capacity`` deletes the oldest objects
 (``eviction: fifo``) or what S3-FIFO drops (``s3fifo``): an object store
 cannot reorder objects, so the queues and counts live in the instance, fed
 by its own puts and the gets that found a block; what a LIST finds that it
@@ -30,7 +31,8 @@ from this instance's gets and puts, with the policy in use: FIFO (the
 oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
-holds the presence cache and the capacity's index.
+holds the presence cache and the capacity's index; :mod:`.tenancy` the
+tenant's bound, expiry and figures.
 
 May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -70,6 +72,7 @@ from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, 
 
 from .faults import Bucket, first_line
 from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex
+from .tenancy import TENANCY_OPTIONS, Tenancy
 
 if TYPE_CHECKING:
     from obstore.store import S3Config
@@ -81,7 +84,7 @@ log = logging.getLogger("kvtier.object")
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Seconds between cleanup passes (LIST, then delete what max_age and
+#: Seconds between cleanup passes (LIST, then delete what expire and
 #: capacity exclude) triggered by puts, unless ``scan_interval`` says;
 #: module-level so tests can shorten it.
 CLEANUP_INTERVAL = 60.0
@@ -118,9 +121,9 @@ OPTIONS: Mapping[str, Option] = {
     "lookup_cache_ttl": Option("duration", "lifetime of cached lookups; 0: off", default="2s"),
     "capacity": CAPACITY,
     "eviction": eviction(INDEXES, default="fifo"),
-    "max_age": Option("duration", "delete blocks older than this; unset: keep them"),
+    **TENANCY_OPTIONS,
     "scan_interval": Option(
-        "duration", "with capacity or max_age: LIST the namespace this often to count "
+        "duration", "with capacity or expire: LIST the namespace this often to count "
         "other writers' blocks (0: after every put); unset: 1m"),
     "sizing_sample": SIZING_OPTION,
 }
@@ -156,7 +159,8 @@ class ObjectBackend(Scan):
         self._conditional = True  # falls back to HEAD-then-PUT if the server refuses
         self._cache = PresenceCache(2.0)
         self._eviction = "fifo"
-        self._index: Index | None = None  # with capacity or max_age
+        self._index: Index | None = None  # with capacity (or a quota) or expire
+        self._tenancy = Tenancy()
         self._last_cleanup = 0.0
         self._cleaner: threading.Thread | None = None
         self._sizing = Sizing()  # this instance's gets and puts, the policy in use
@@ -181,8 +185,9 @@ class ObjectBackend(Scan):
                    for k in ("access_key_id", "secret_access_key"))
         self._bucket = Bucket(bucket, shown, f"s3://{bucket}/{prefix} at {shown}",
                               tuple(s for s in (options["secret_access_key"],) if s), keys)
-        self._cache.ttl, self._capacity = options["lookup_cache_ttl"], options["capacity"]
-        self._max_age, self._scan_interval = options["max_age"], options["scan_interval"]
+        self._tenancy.open(options)  # the capacity is the tenant's bound: min(capacity, quota)
+        self._cache.ttl, self._capacity = options["lookup_cache_ttl"], self._tenancy.bound
+        self._max_age, self._scan_interval = self._tenancy.after, options["scan_interval"]
         self._eviction = options["eviction"]
         store = self._s3_store(options)
         # fifo: gets and puts of a key held are no use, LRU without uses is FIFO
@@ -191,7 +196,7 @@ class ObjectBackend(Scan):
                            eviction="lru" if fifo else "s3fifo")
         # One authenticated LIST proves endpoint, bucket and credentials (a HEAD
         # cannot: S3 answers 404 for a missing bucket and a missing object alike);
-        # it is the index rebuild too when capacity or max_age needs one.
+        # it is the index rebuild too when capacity or expire needs one.
         try:
             if self._capacity is None and self._max_age is None:
                 next(iter(obstore.list(store, self._root + "/", chunk_size=1)), None)
@@ -265,6 +270,7 @@ class ObjectBackend(Scan):
                 stats["blocks"] = len(self._index)
             if self._capacity is not None:
                 stats["capacity_bytes"] = self._capacity
+            stats.update(self._tenancy.stats(None if self._index is None else self._index.used))
         stats.update(self._sizing.stats())
         return stats
 
@@ -289,6 +295,7 @@ class ObjectBackend(Scan):
         sizes = {k: nbytes(blocks[i]) for k, i in first.items()}
         cap = self._capacity
         todo = [k for k in first if cap is None or sizes[k] <= cap]
+        self._tenancy.count(refused=len(first) - len(todo))  # over the tenant's bound
 
         def upload(key: bytes) -> bool:
             return self._upload(store, key, blocks[first[key]])
@@ -313,6 +320,7 @@ class ObjectBackend(Scan):
                 for key in [k for k in done if k in index] + [k for k in done if k not in index]:
                     index.add(key, sizes[key], now)
                 victims = index.trim()
+                self._tenancy.count(evicted=len(victims))
                 for victim in victims:
                     self._cache.drop(victim)
         if victims:
@@ -330,8 +338,10 @@ class ObjectBackend(Scan):
             try:
                 obstore.put(store, path, block, mode="create", use_multipart=False)
             except (AlreadyExistsError, PreconditionError):
-                self._count(already_stored=1)
-                return False
+                if self._max_age is None or self._exists(store, key):
+                    self._count(already_stored=1)
+                    return False
+                # expired, not yet deleted: the PUT below stores the block anew
             except NotSupportedError:
                 # The server refuses If-None-Match (older S3-compatible stores
                 # answer 501): fall back to HEAD-then-PUT, which can race with
@@ -350,15 +360,23 @@ class ObjectBackend(Scan):
     def _get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         store = self._live_store()
         unique = list(first_positions(keys))
+        stale: list[bytes] = []  # expired, found by this get
+        now = time.time()
 
         def fetch(key: bytes) -> memoryview | None:
             try:
-                # obstore's Bytes is a read-only buffer: a view of it costs no copy
-                return memoryview(obstore.get(store, self._path(key)).bytes())
+                got = obstore.get(store, self._path(key))
             except FileNotFoundError:
                 return None
+            if self._tenancy.expired(got.meta["last_modified"], now):
+                stale.append(key)
+                return None
+            # obstore's Bytes is a read-only buffer: a view of it costs no copy
+            return memoryview(got.bytes())
 
         outcomes = self._map(fetch, unique)
+        if stale:
+            self._expire(store, stale)
         found: dict[bytes, memoryview | None] = {}
         failure: Exception | None = None
         with self._lock:
@@ -404,12 +422,12 @@ class ObjectBackend(Scan):
         return [answers[k] for k in keys]
 
     def _exists(self, store: S3Store, key: bytes) -> bool:
-        self._count(heads=1)
+        self._count(heads=1)  # present and not expired
         try:
-            obstore.head(store, self._path(key))
+            meta = obstore.head(store, self._path(key))
         except FileNotFoundError:
             return False
-        return True
+        return not self._tenancy.expired(meta["last_modified"], time.time())
 
     def _evict(self, keys: Sequence[bytes]) -> Sequence[bool]:
         store = self._live_store()
@@ -528,12 +546,26 @@ class ObjectBackend(Scan):
             # blocks this instance stored while the LIST ran are not in it: kept
             expired = index.rebuild(listed, cutoff, started)
             over = index.trim()
+            self._tenancy.count(expired=len(expired), evicted=len(over))
             self._index = index
             for key in (*expired, *over):
                 self._cache.drop(key)
         if expired or over:
             self._delete(store, [*expired, *over])
         self._count(scans=1)  # a pass is counted once its deletes are done
+
+    def _expire(self, store: S3Store, keys: list[bytes]) -> None:
+        """Delete expired objects a get found; a failure leaves them to the next pass."""
+        with self._lock:
+            for key in keys:
+                self._cache.drop(key)
+                if self._index is not None:
+                    self._index.forget(key)
+        self._tenancy.count(expired=len(keys))
+        try:
+            self._delete(store, keys)
+        except Exception as exc:  # a miss all the same: the object has expired
+            log.warning("%s", exc)
 
     def _delete(self, store: S3Store, keys: list[bytes]) -> None:
         # one DeleteObjects request per 1000 keys

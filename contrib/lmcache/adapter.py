@@ -23,7 +23,7 @@ Locks
     from that copy, so such a block cannot be lost before unlock whatever
     the chain evicts.
     Blocks of persistent tiers (``fs``, ``object``) are not copied: their
-    tiers drop blocks only by their own ``capacity``/``max_age`` settings,
+    tiers drop blocks only by their own ``capacity``/``expire`` settings,
     an outside delete or a fault, and then the load reports a miss, never
     wrong data.  ``lock_copies: all`` copies those too (a full guarantee at
     the cost of reading every hit at lookup time).  Copies are bounded by
