@@ -19,6 +19,7 @@ from kvtier.block.framing import Codec
 from kvtier.block.namespace import Namespace
 from kvtier.chain.arguments import runs_of
 from kvtier.chain.health import Health, Reopen, close_quietly
+from kvtier.chain.scatter import ScatterReads, landed_header
 from kvtier.observe.stats import TierStats
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import (
@@ -73,6 +74,7 @@ class Tier:
         self._closed = False
         self._reopen: Reopen | None = None  # set while the backend has not opened
         self._open_lock = threading.Lock()  # installing a late-opened backend, or closing
+        self._scatter = ScatterReads(self.name)  # large direct reads, checked run by run
 
     # lifecycle ----------------------------------------------------------------
     def open(self, retry: Callable[[], BackendHandle] | None = None,
@@ -138,6 +140,7 @@ class Tier:
                 return
             self._closed = True
             reopen, self._reopen = self._reopen, None
+        self._scatter.close()  # its reads done: none lands in a caller's buffer later
         if reopen is None:
             self.handle.close()
         else:  # never opened: its close must not raise either; an attempt under way
@@ -220,8 +223,8 @@ class Tier:
         if not keys:
             return [], evicted, []
         parts: list[Sequence[BytesLike]]
-        if self.codec.name == "none":  # checksummed or sealed when the backend reads it
-            parts = [framing.lazy_frame(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)]
+        if self.codec.name == "none" and not self.seal:  # checksummed when its header is read
+            parts = [framing.Frame(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)]
         else:
             parts = [
                 framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
@@ -424,7 +427,8 @@ class Tier:
         frames: list[framing.Checked | None] | None,
         first: int,
     ) -> list[int]:
-        """Scatter-read uncompressed blocks straight into ``outs``; return what needs get().
+        """Scatter-read uncompressed blocks straight into ``outs``, each checked as its
+        run lands (:mod:`kvtier.chain.scatter`); return what needs get().
 
         Each hit's frame goes to ``frames[first + i]`` when given, as its
         header and the caller's buffer.
@@ -432,35 +436,29 @@ class Tier:
         # [header, out], and a sealed block's tag after the header in its buffer
         made = [framing.scatter_for(self._ns, k, o, self.codec) for k, o in zip(keys, outs)]
         heads, scatter = [h for h, _ in made], [s for _, s in made]
-        sizes = self._call("get", lambda: self.handle.get_into(keys, scatter), len(keys))
-        if sizes is None:
-            return []
         fallback: list[int] = []
-        for i, size in enumerate(sizes):
+
+        def landed(i: int, size: int | None) -> None:
             if size is None:
-                continue
-            if size != len(heads[i]) + outs[i].nbytes:
-                fallback.append(i)  # compressed, of another size or foreign: read it whole
-                continue
+                return
             try:
-                header = framing.parse_header(heads[i], self._ns, keys[i])
-                layout = (header.size + framing.trailer(header), header.codec, header.raw_len)
-            except CorruptBlockError:
-                layout = None
-            if layout != (len(heads[i]), framing.CODEC_NONE, outs[i].nbytes):
-                # damaged, or the same total split otherwise: read it whole, and
-                # :meth:`decode` tells a block of another size from a damaged one
-                fallback.append(i)
-                continue
-            try:
-                framing.check_scattered(header, heads[i], outs[i], self.verify, self.seal)
-                found[i] = True
+                header = landed_header(self._ns, keys[i], heads[i], outs[i], size, self.verify,
+                                       self.seal)
             except CorruptBlockError as exc:
                 self._corrupt(keys[i], exc)
-                continue
+                return
+            if header is None:  # compressed, of another size, foreign or damaged: read whole
+                fallback.append(i)
+                return
+            found[i] = True
             if frames is not None:
                 frames[first + i] = framing.Checked((heads[i], outs[i]), header, self.verify)
-        return fallback
+
+        self._scatter.read(
+            lambda k, s: self._call("get", lambda: self.handle.get_into(k, s), len(k)),
+            keys, scatter, [o.nbytes for o in outs], landed,
+            whole=self._in_process or self._serial is not None)
+        return sorted(fallback)
 
     def get_payloads(
         self, keys: Sequence[bytes], frames: list[framing.Checked | None] | None = None
