@@ -27,7 +27,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from kvtier.block.framing import parse_header
+from kvtier.block.framing import MAGIC, parse_header
 from kvtier.block.namespace import DEFAULT_TENANT
 from kvtier.policies.tenancy import TenantRules
 from kvtier.spec import ConfigError, CorruptBlockError
@@ -203,6 +203,8 @@ def _header_tenant(store: LocalStore, ns: str, key: bytes) -> str:
     try:
         with open(store.path(key), "rb") as f:
             head = f.read(_HEAD)
+            if not head.startswith(MAGIC):
+                return ""  # no block of kvtier's format: not read further
             try:
                 header = parse_header(head, bytes.fromhex(ns), key)
             except CorruptBlockError:
