@@ -223,8 +223,8 @@ class Tier:
         if not keys:
             return [], evicted, []
         parts: list[Sequence[BytesLike]]
-        if self.codec.name == "none" and not self.seal:  # checksummed when its header is read
-            parts = [framing.Frame(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)]
+        if self.codec.name == "none":  # checksummed or sealed when the backend reads it
+            parts = [framing.lazy_frame(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)]
         else:
             parts = [
                 framing.encode_parts(self._ns, k, p, self.codec) for k, p in zip(keys, payloads)
