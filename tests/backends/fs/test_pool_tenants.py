@@ -18,6 +18,7 @@ from fs_blocks import blob, files_on_disk, open_fs
 
 from kvtier.backends.fs.pool import DB_NAME
 from kvtier.block.framing import Codec, encode
+from kvtier.chain.tenants import open_tenants
 from kvtier.config import load_config
 from kvtier.plugins.registry import BackendHandle
 from kvtier.policies.tenancy import parse_tenants
@@ -221,3 +222,33 @@ def test_the_documented_example_opens_a_pool_with_its_tenants(tmp_path: Path,
                    tenants=disk.options["tenants"], tenant="acme")
     assert acme.put([b"k"], [blob(SIZE)], []) == [True]
     assert tenant_figures(acme)["tenant_bytes.acme"] == SIZE
+
+
+def test_through_the_chain_each_tenant_is_counted_by_its_namespace(tmp_path: Path) -> None:
+    """open_tenants hands each tenant's fs instance its tenant (the chain's ``tenant``
+    option): acme's quota holds, globex's blocks read back exact."""
+    model = {"model": "tenant-test", "dtype": "bfloat16", "tokens_per_block": 16}
+    size = 64 * KiB
+    tier = {"name": "disk", "backend": "fs", "url": str(tmp_path), "fsync": False,
+            "capacity": "64MiB", "capacity_scope": "pool",
+            "tenants": {"acme": {"quota": "1MiB"}}}
+    keys = [bytes([i]) * 16 for i in range(1, 41)]
+    with open_tenants({"chain": [tier]}, model) as tenants:
+        acme, globex = tenants.chain("acme"), tenants.chain("globex")
+        assert all(globex.put(keys[:4], [blob(size, i) for i in range(4)]))
+        for i, key in enumerate(keys):  # 40 blocks: 2.5 times acme's quota
+            assert acme.put([key], [blob(size, 100 + i)]) == [True]
+        acme.flush(), globex.flush()
+        outs = [bytearray(size) for _ in keys]
+        found = globex.get(keys[:4], outs[:4])
+        assert all(found) and [bytes(o) for o in outs[:4]] == [blob(size, i) for i in range(4)]
+        found = acme.get(keys, outs)
+        kept = [i for i, f in enumerate(found) if f]
+        assert kept == list(range(40 - len(kept), 40))  # its newest, in the pool's order
+        assert all(bytes(outs[i]) == blob(size, 100 + i) for i in kept)
+        time.sleep(0.2)  # the flusher's rows
+        (disk,) = acme.stats()["tiers"]
+        figures = disk["backend_stats"]
+        assert figures["tenant_bytes.acme"] <= 1 << 20 < figures["tenant_bytes.acme"] + size + 4096
+        assert figures["tenant_evicted.acme"] == 40 - len(kept)
+        assert "tenant_evicted.globex" not in figures
