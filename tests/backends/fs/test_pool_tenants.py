@@ -108,15 +108,18 @@ def test_a_batch_beyond_its_quota_makes_way_for_itself(tmp_path: Path,
     assert all(exact(globex, theirs, 1000))
 
 
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo"])
 @pytest.mark.parametrize(("weights", "acme_share"), [((2, 1), 16), ((1, 1), 12)])
-def test_a_full_pool_is_shared_by_weight(tmp_path: Path, handles: list,
+def test_a_full_pool_is_shared_by_weight(tmp_path: Path, handles: list, eviction: str,
                                          weights: tuple[int, int], acme_share: int) -> None:
     """Without quotas, tenants share a full pool by weight: acme alone fills it, then
     globex's puts take acme's blocks until each holds its share, then its own."""
     capacity = 24 * SIZE
     rules = {"acme": {"weight": weights[0]}, "globex": {"weight": weights[1]}}
-    acme = tier(tmp_path, handles, ACME, "acme", tenants=rules, capacity=capacity)
-    globex = tier(tmp_path, handles, GLOBEX, "globex", tenants=rules, capacity=capacity)
+    acme = tier(tmp_path, handles, ACME, "acme", tenants=rules, capacity=capacity,
+                eviction=eviction)
+    globex = tier(tmp_path, handles, GLOBEX, "globex", tenants=rules, capacity=capacity,
+                  eviction=eviction)
     mine = put_all(acme, "a", 24, seed=0)
     theirs = put_all(globex, "g", 24, seed=1000)
     acme_kept = exact(acme, mine, 0)
