@@ -30,9 +30,13 @@ any tenant is beyond its own: a noisy tenant evicts itself, not a quiet one.
 While the quotas of the tenants present fit the capacity, no tenant within
 its quota ever loses a block to another tenant.
 
-Every tier that counts tenants (host, fs, kvtier-redis) applies these two
-rules; the tenant of a backend instance is its ``tenant`` option
-(:data:`TENANT_OPTION`, set by the chain from the namespace).  A tier's
+Every tier that counts tenants (host, fs, the ``redis`` backend) applies these
+two rules.  The ``redis`` backend applies them on the server, in Lua (its
+``_scripts.py``, ``victim``), step for step as :meth:`TenantRules.victim` and
+:meth:`TenantRules.shares` do here: a change to either must be made to both,
+and its tests check that the two agree on a set of cases.  The tenant of a
+backend instance is its ``tenant`` option (:data:`TENANT_OPTION`, set by the
+chain from the namespace).  A tier's
 ``expire`` (:data:`EXPIRE_OPTION`) says when its blocks expire.
 """
 

@@ -307,7 +307,8 @@ def test_blocks_are_stored_raw_under_the_prefix(direct: str, redis_server: Redis
             *(f"layout:{NS}:b:".encode() + k for k in keys),
             *(f"layout:{NS}:{name}".encode() for name in ("lru", "size", "meta")),
         }
-    assert backend.kvtier_stats() == {"used_bytes": 301_001, "blocks": 2, "evictions": 0}
+    assert backend.kvtier_stats() == {"used_bytes": 301_001, "blocks": 2, "evictions": 0,
+                                      "tenant_bytes.default": 301_001}
     backend.kvtier_close()
 
 
@@ -324,6 +325,7 @@ def test_least_recently_used_is_evicted_and_reported(direct: str) -> None:
     assert backend.kvtier_lookup(keys) == [True, False, True, True]
     assert backend.kvtier_stats() == {
         "used_bytes": 3000, "blocks": 3, "evictions": 1, "capacity_bytes": 3000,
+        "tenant_bytes.default": 3000, "tenant_evicted.default": 1,
     }
     # larger than the capacity: refused, and nothing is pushed out for it
     evicted.clear()

@@ -7,6 +7,11 @@ Installed, it is found through the ``kvtier.backends`` entry point::
       - {name: redis, backend: redis, url: "redis://cache:6379/0", capacity: 64GiB, write: back}
 
 See README.md in the distribution for its options and capabilities.
+
+May import kvtier's public packages only: :mod:`kvtier.spec` (the contract),
+:mod:`kvtier.block` (buffer sizes), :mod:`kvtier.config` (units) and
+:mod:`kvtier.policies` (the ``tenants`` and ``expire`` options and the rule
+of a full pool's victim, which its Lua applies on the server).
 """
 
 from __future__ import annotations

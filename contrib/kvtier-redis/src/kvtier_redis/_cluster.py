@@ -6,8 +6,12 @@ and the Lua scripts of :mod:`kvtier_redis._scripts` run on one node, exactly
 as they do on a single server: each shard keeps its own byte count, recency
 index and counters, and a block's shard is ``crc32(key) % shards``.  The
 capacity is split evenly, ``capacity // shards`` bytes per shard, evicted LRU
-within the shard.  The shard count is fixed when the namespace is first
-opened and stored in the cluster (``<prefix>:{<namespace>}:shards``), because
+within the shard.  With ``tenants``, the shards are the pool's, ``{pool:<s>}``,
+shared by every namespace under the prefix, and each tenant's quota is split
+evenly too: ``quota // shards`` bytes per shard, so a tenant holds at most its
+quota in all (README.md, "Tenants on a cluster").  The shard count is fixed
+when the namespace (or pool) is first opened and stored in the cluster
+(``<prefix>:{<namespace>}:shards``, ``<prefix>:{pool}:shards``), because
 changing it would move every block to another shard.
 
 Routing, redirections and topology are redis-py's :class:`RedisCluster`: a
@@ -43,7 +47,7 @@ from redis.retry import Retry
 
 from kvtier.spec import BackendError, BytesLike, ConfigError, Failed
 
-from . import _scripts
+from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, add_stats, check_rules, stats_of
 
 #: What a shard answers when its commands did not get through.
 ShardFailure = Failed[BaseException]
@@ -62,12 +66,11 @@ DEFAULT_SHARDS = 16
 #: Blocks per put script at most: a script blocks its node while it runs.
 _MAX_KEYS_PER_SCRIPT = 1024
 
-_SCRIPTS = {_scripts.sha1(text): text for text in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH)}
 #: A data key after ``<prefix>:{``: namespace, shard, the block's key.
 _DATA_NAME = re.compile(rb"([0-9a-f]{32}):[0-9]+\}:b:(.+)", re.DOTALL)
+#: A pool's data key after ``<prefix>:{``: shard, namespace, the block's key.
+_POOL_DATA_NAME = re.compile(rb"pool:[0-9]+\}:([0-9a-f]{32}):b:(.+)", re.DOTALL)
 _SCAN_COUNT = 1000
-
-_PUT, _EVICT, _TOUCH = (_scripts.sha1(s) for s in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH))
 
 Command = tuple[Any, ...]
 
@@ -81,21 +84,6 @@ def _buffer(block: BytesLike) -> bytes | bytearray | memoryview:
 
 def _size(block: bytes | bytearray | memoryview) -> int:
     return block.nbytes if isinstance(block, memoryview) else len(block)
-
-
-class _Shard:
-    """One shard's keys: ``<prefix>:{<namespace>:<s>}:`` and its bookkeeping."""
-
-    def __init__(self, base: bytes) -> None:
-        self.keys = (base + b"lru", base + b"size", base + b"meta")
-        self.data_prefix = base + b"b:"
-
-    def data_key(self, key: bytes) -> bytes:
-        return self.data_prefix + key
-
-    def script(self, sha: str, keys: Sequence[bytes], args: Sequence[Any]) -> Command:
-        data_keys = [self.data_prefix + k for k in keys]
-        return ("EVALSHA", sha, 3 + len(keys), *self.keys, *data_keys, *args)
 
 
 def _cluster_client(settings: Settings, where: str) -> RedisCluster:
@@ -154,11 +142,19 @@ class ClusterStore:
         self.settings = settings
         self.where = where
         self.client = _cluster_client(settings, where)
+        # the shards' hash tags: the namespace's, or the pool's with tenants
+        tag = "pool" if settings.pooled else namespace
         try:
-            self.shards = self._shard_count(namespace)
-            base = f"{settings.prefix}:{{{namespace}:"
-            self._shards = [_Shard(f"{base}{s}}}:".encode()) for s in range(self.shards)]
-            self._slots = [key_slot(s.data_prefix) for s in self._shards]
+            self.shards = self._shard_count(tag, namespace)
+            base = f"{settings.prefix}:{{{tag}:"
+            capacity = self.shard_capacity
+            self._shards = [
+                Space.make(settings, f"{base}{s}}}:".encode(), namespace,
+                           f"{base}{s}}}:".encode() + (b"" if settings.pooled else b"b:"),
+                           capacity, self.shards)
+                for s in range(self.shards)
+            ]
+            self._slots = [key_slot(s.keys[0]) for s in self._shards]
             self._load_scripts()
         except BaseException:
             self.client.close()
@@ -166,6 +162,12 @@ class ClusterStore:
         self._pool = ThreadPoolExecutor(
             max_workers=min(32, settings.max_connections), thread_name_prefix="kvtier-redis"
         )
+        if settings.pooled:
+            try:
+                self._check_rules()
+            except BaseException:
+                self.close()
+                raise
 
     # what the backend declares --------------------------------------------
     @property
@@ -192,24 +194,34 @@ class ClusterStore:
         buffers = [_buffer(block) for block in blocks]
         limit = self.limit
         by_shard: dict[int, list[int]] = {}
+        too_large: dict[int, int] = {}
         for index, buffer in enumerate(buffers):
+            s = self._shard_of(keys[index])
             if _size(buffer) <= limit:
-                by_shard.setdefault(self._shard_of(keys[index]), []).append(index)
+                by_shard.setdefault(s, []).append(index)
+            else:  # refused, and counted in its shard
+                too_large[s] = too_large.get(s, 0) + 1
         commands: dict[int, list[Command]] = {}
         parts: dict[int, list[list[int]]] = {}
         for s, indices in by_shard.items():
             parts[s] = list(self._chunks(indices, buffers))
-            commands[s] = [self._put_script(s, part, keys, buffers) for part in parts[s]]
+            shard = self._shards[s]
+            commands[s] = [shard.put([keys[i] for i in part], [buffers[i] for i in part])
+                           for part in parts[s]]
+        for s, count in too_large.items():
+            commands.setdefault(s, []).append(
+                self._shards[s].refused(self.settings.tenant, count))
         stored = [False] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
             if isinstance(shard_answers, Failed):
                 continue
-            for part, answer in zip(parts[s], shard_answers):
-                if isinstance(answer, list):
-                    evicted.extend(zip(answer[0::2], answer[1::2]))
-                    for index in part:
-                        stored[index] = True
+            for part, answer in zip(parts.get(s, []), shard_answers):
+                if isinstance(answer, list) and len(answer) == 2:
+                    flags, pairs = answer
+                    evicted.extend(zip(pairs[0::2], pairs[1::2]))
+                    for index, flag in zip(part, flags):
+                        stored[index] = bool(flag)
         self._raise_if_all_failed(answers)
         return stored
 
@@ -219,9 +231,9 @@ class ClusterStore:
         for s, indices in by_shard.items():
             shard = self._shards[s]
             commands[s] = [("MGET", *(shard.data_key(keys[i]) for i in indices))]
-            if self.settings.capacity is not None:
-                lru, _sizes, meta = shard.keys
-                commands[s].append(("EVALSHA", _TOUCH, 2, lru, meta, *(keys[i] for i in indices)))
+            settings = self.settings
+            if settings.capacity is not None or settings.pooled or settings.expire:
+                commands[s].append(shard.members(TOUCH, [keys[i] for i in indices]))
         found: list[bytes | None] = [None] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
@@ -258,8 +270,7 @@ class ClusterStore:
             shard = self._shards[s]
             parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
                         for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
-            commands[s] = [shard.script(_EVICT, [keys[i] for i in part], [keys[i] for i in part])
-                           for part in parts[s]]
+            commands[s] = [shard.members(EVICT, [keys[i] for i in part]) for part in parts[s]]
         removed = [False] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
@@ -274,21 +285,17 @@ class ClusterStore:
 
     def stats(self) -> dict[str, int]:
         commands: dict[int, list[Command]] = {
-            s: [("HMGET", shard.keys[2], "used", "evictions"), ("ZCARD", shard.keys[0])]
-            for s, shard in enumerate(self._shards)
+            s: [shard.call(STATS)] for s, shard in enumerate(self._shards)
         }
-        used = blocks = evictions = 0
+        total = {"used_bytes": 0, "blocks": 0, "evictions": 0}
         for shard_answers in self._execute(commands).values():
             if isinstance(shard_answers, Failed):
                 raise self._fault(shard_answers.exc)
             error = next((a for a in shard_answers if isinstance(a, Exception)), None)
             if error is not None:
                 raise self._fault(error)
-            (shard_used, shard_evictions), shard_blocks = shard_answers
-            used += int(shard_used or 0)
-            evictions += int(shard_evictions or 0)
-            blocks += int(shard_blocks)
-        return {"used_bytes": used, "blocks": blocks, "evictions": evictions}
+            add_stats(total, stats_of(shard_answers[0]))
+        return total
 
     def tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         data_key = self._shards[self._shard_of(key)].data_key(key)
@@ -310,7 +317,13 @@ class ClusterStore:
         """
         head = f"{self.settings.prefix}:{{".encode()
         pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", head)
-        pattern += (b"?" * 32 if namespace is None else namespace.encode()) + b":*}:b:*"
+        wanted = b"?" * 32 if namespace is None else namespace.encode()
+        data_name = _DATA_NAME
+        if self.settings.pooled:  # <prefix>:{pool:<s>}:<namespace>:b:<key>
+            pattern += b"pool:*}:" + wanted + b":b:*"
+            data_name = _POOL_DATA_NAME
+        else:
+            pattern += wanted + b":*}:b:*"
         with self._faults("scan"):
             masters: list[ClusterNode] = self.client.get_primaries()  # type: ignore[no-untyped-call]
         for master in masters:
@@ -322,7 +335,7 @@ class ClusterStore:
                     cursor, names = node.scan(cursor=cursor, match=pattern, count=_SCAN_COUNT)
                     found = [(m.group(1).decode(), m.group(2), name) for name in names
                              if isinstance(name, bytes)  # replies are not decoded
-                             and (m := _DATA_NAME.fullmatch(name[len(head):]))]
+                             and (m := data_name.fullmatch(name[len(head):]))]
                     batch = self._sized(node, found)
                 if batch:
                     yield batch
@@ -343,9 +356,10 @@ class ClusterStore:
                 in zip(found, replies[0::2], replies[1::2]) if there]
 
     # internals --------------------------------------------------------------
-    def _shard_count(self, namespace: str) -> int:
-        """The namespace's stored shard count; the configured (or default) one if it is new."""
-        key = f"{self.settings.prefix}:{{{namespace}}}:shards"
+    def _shard_count(self, tag: str, namespace: str) -> int:
+        """The stored shard count of ``tag`` (the namespace, or the pool); the configured
+        (or default) one if it is new."""
+        key = f"{self.settings.prefix}:{{{tag}}}:shards"
         wanted = self.settings.shards
         with self._faults("cannot open"):
             self.client.set(key, wanted or DEFAULT_SHARDS, nx=True)
@@ -357,7 +371,8 @@ class ClusterStore:
                                "not a shard count") from None
         if wanted is not None and wanted != count:
             raise ConfigError(
-                f"is {wanted}, but namespace {namespace} was created with {count} shards "
+                f"is {wanted}, but {'the pool' if tag == 'pool' else 'namespace ' + namespace} "
+                f"was created with {count} shards "
                 "(the count is fixed for a namespace's life): set shards to "
                 f"{count} or leave it unset", key="shards",
             )
@@ -368,7 +383,7 @@ class ClusterStore:
         for node in self.client.get_primaries():  # type: ignore[no-untyped-call]
             with contextlib.suppress(RedisError, OSError):
                 redis_node = self.client.get_redis_connection(node)
-                for text in _SCRIPTS.values():
+                for text in SCRIPTS.values():
                     redis_node.script_load(text)
 
     def _shard_of(self, key: bytes) -> int:
@@ -394,14 +409,17 @@ class ClusterStore:
         if chunk:
             yield chunk
 
-    def _put_script(
-        self, s: int, part: list[int], keys: Sequence[bytes], buffers: Sequence[Any]
-    ) -> Command:
-        shard = self._shards[s]
-        args: list[Any] = [self.shard_capacity, shard.data_prefix]
-        for index in part:
-            args += (keys[index], buffers[index])
-        return shard.script(_PUT, [keys[i] for i in part], args)
+    def _check_rules(self) -> None:
+        """Every shard records the first opener's ``tenants`` rules; others are refused."""
+        wanted = self.settings.tenants.canonical()
+        commands = {s: shard.rules_check(wanted) for s, shard in enumerate(self._shards)}
+        for shard_answers in self._execute(commands).values():
+            if isinstance(shard_answers, Failed):
+                raise self._fault(shard_answers.exc, "cannot open")
+            error = next((a for a in shard_answers if isinstance(a, Exception)), None)
+            if error is not None:
+                raise self._fault(error, "cannot open")
+            check_rules(wanted, shard_answers[1], self.where)
 
     def _execute(self, commands: dict[int, list[Command]]) -> dict[int, list[Any] | ShardFailure]:
         """Each shard's answers (per command, exceptions included), or Failed for the shard.

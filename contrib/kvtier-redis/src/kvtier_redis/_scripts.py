@@ -1,108 +1,339 @@
-"""The Lua scripts that keep a namespace's blocks and its bookkeeping in step.
+"""The Lua scripts that keep a key space's blocks and its bookkeeping in step.
 
-Redis runs a script atomically, so two processes (or threads) sharing a
-namespace never see the byte count, the recency index and the blocks
+Redis runs a script atomically, so two processes (or threads) sharing a key
+space never see the byte counts, the recency indexes and the blocks
 disagree, and a writer killed mid-call leaves either all of a script's
-effects or none.  Every script takes the namespace's three bookkeeping keys
-first, then one data key per block:
+effects or none.  A **key space** is one namespace (``<prefix>:<namespace>:``,
+one tenant's blocks), or, where the tier has ``tenants`` rules, the **pool**
+of every namespace under the prefix (``<prefix>:pool:``), whose capacity the
+tenants share (a shard of either on a cluster).  Every script takes the space's
+four bookkeeping keys:
 
-``KEYS[1]``  the recency index, a sorted set of user key -> tick (oldest lowest)
-``KEYS[2]``  a hash of user key -> block size in bytes, as accounted
-``KEYS[3]``  a hash of counters: ``used`` (bytes), ``evictions``, ``clock``
-``KEYS[4..]`` the data keys, ``<prefix>:<namespace>:b:<user key>``
+``KEYS[1]``  a hash of member -> its size in bytes as accounted, and in a pool
+             ``<size>:<tenant>``
+``KEYS[2]``  a hash of counters: ``used`` (bytes), ``evictions``, ``clock``, the
+             pool's ``rules``, and per tenant ``b:<t>`` (bytes held), ``r:<t>``
+             (blocks refused), ``e:<t>`` (evicted), ``x:<t>`` (expired)
+``KEYS[3]``  a sorted set of member -> the time (ms) its block expires, for the
+             blocks written with an ``expire``
+``KEYS[4]``  a hash of member -> the time (ms) its block expires at the latest
+             (``after``), where ``unused`` may push its expiry back
 
-Sizes are kept apart from the data so that the byte count stays right when a
-block's bytes change or vanish behind the backend's back (the kit's ``kit_tamper``,
-an operator's ``DEL``).  Counters are bumped per block, not once at the end:
-a script stopped by an error (out of memory) keeps what it did before, and the
-count must cover exactly that.
+and a common head of arguments (:data:`HEAD`), then its own.  A **member**
+names a block in its space: the user key in a namespace's space,
+``<namespace>:b:<key>`` in a pool; its data key is ``<data head><member>``.
+Recency is one sorted set per tenant, ``<lru head><tenant>`` (a namespace's
+space has one, ``<lru head>``), of member -> tick (oldest lowest).
+
+Sizes are kept apart from the data so that the byte counts stay right when a
+block's bytes change or vanish behind the backend's back (the kit's
+``kit_tamper``, an operator's ``DEL``, Redis expiring it).  Counters are
+bumped per block, not once at the end: a script stopped by an error (out of
+memory) keeps what it did before, and the count must cover exactly that.
+
+**Expired blocks.**  Redis deletes a block when its TTL runs out and tells no
+one (keyspace events are not delivered reliably).  Every script first
+sweeps: it takes the members whose expiry time has passed from ``KEYS[3]``
+(1000 at most per call) and counts off those whose data key is gone, as
+``x:<tenant>``.  So the counts hold an expired block's bytes until the next
+script on its space (a put, get, evict or ``stats()`` of any process).
+
+**The victim of a full pool** is chosen by :func:`victim` below, which applies
+the rule of :meth:`kvtier.policies.tenancy.TenantRules.victim` (and its
+``shares``) step for step: the tenant most beyond its share, counting the put
+as its writer's; on a tie the writer, then the first by name (byte order).
+``tests/contrib/test_redis_tenants.py`` checks that the two agree on a set of
+cases.  Lua counts in doubles: the shares are exact while capacity x quota
+stays below 2**53 (the split of oversubscribed quotas) and the weights are
+whole numbers; beyond that a share may differ by a few bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ["EVICT", "PUT", "TOUCH", "sha1"]
+__all__ = ["EVICT", "HEAD", "PUT", "STATS", "TOUCH", "sha1"]
 
-#: Store blocks, evicting least recently used ones while the capacity would
-#: be exceeded.  ARGV: capacity (0 for none), data key prefix, then a user key
-#: and a block per data key.  Answers the evicted blocks as a flat list
-#: ``key, block, key, block, ...`` so the caller can hand them to a lower tier.
-PUT = """
-local lru, sizes, meta = KEYS[1], KEYS[2], KEYS[3]
-local capacity = tonumber(ARGV[1])
-local dprefix = ARGV[2]
-local n = #KEYS - 3
-local clock = redis.call('HINCRBY', meta, 'clock', n) - n
-local used = tonumber(redis.call('HGET', meta, 'used') or '0')
-local evicted = {}
-for i = 1, n do
-  local dkey, key, block = KEYS[i + 3], ARGV[2 * i + 1], ARGV[2 * i + 2]
-  if redis.call('EXISTS', dkey) == 1 then
-    -- immutable per key: keep what is there, count the put as a use
-    redis.call('ZADD', lru, 'XX', clock + i, key)
-  else
-    local stale = redis.call('HGET', sizes, key)
-    if stale then
-      -- indexed but gone (an operator's DEL): forget it before accounting anew
-      used = redis.call('HINCRBY', meta, 'used', -tonumber(stale))
-      redis.call('ZREM', lru, key)
-      redis.call('HDEL', sizes, key)
-    end
-    while capacity > 0 and used + #block > capacity do
-      local victim = redis.call('ZRANGE', lru, 0, 0)[1]
-      if not victim then break end
-      local vkey = dprefix .. victim
-      local data = redis.call('GET', vkey)
-      local size = tonumber(redis.call('HGET', sizes, victim) or '0')
-      redis.call('DEL', vkey)
-      redis.call('ZREM', lru, victim)
-      redis.call('HDEL', sizes, victim)
-      used = redis.call('HINCRBY', meta, 'used', -size)
-      redis.call('HINCRBY', meta, 'evictions', 1)
-      if data then
-        evicted[#evicted + 1] = victim
-        evicted[#evicted + 1] = data
-      end
-    end
-    redis.call('SET', dkey, block)
-    redis.call('ZADD', lru, clock + i, key)
-    redis.call('HSET', sizes, key, #block)
-    used = redis.call('HINCRBY', meta, 'used', #block)
+#: The arguments every script takes first, in order.
+HEAD = ("data head", "lru head", "pooled (1 or 0)", "tenant", "own member prefix",
+        "capacity (0: none)", "rules (canonical JSON, empty: none)", "after (ms, 0: none)",
+        "unused (ms, 0: none)")
+
+_PRELUDE = r"""
+local sizes, meta, expiry, limits = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dhead, lruhead, pooled, writer, own = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
+local capacity = tonumber(ARGV[6])
+local rules = nil
+if ARGV[7] ~= '' then rules = cjson.decode(ARGV[7]) end
+local after, unused = tonumber(ARGV[8]), tonumber(ARGV[9])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local used, held = 0, {}
+
+local function lru(tenant)
+  if pooled then return lruhead .. tenant end
+  return lruhead
+end
+
+-- a member's accounted size and tenant; nil if it has none (or, lenient, a damaged one)
+local function entry(member, lenient)
+  local value = redis.call('HGET', sizes, member)
+  if not value then return nil end
+  local size, tenant = string.match(value, '^(%d+):?(.*)$')
+  if not size then
+    if lenient then return nil end
+    return error('kvtier: damaged size of ' .. member .. ': ' .. value)
+  end
+  if not pooled or tenant == '' then tenant = writer end
+  return tonumber(size), tenant
+end
+
+-- drop a member's bookkeeping (not its data); counter: 'e:' or 'x:' or nil
+local function forget(member, counter)
+  redis.call('ZREM', expiry, member)
+  local size, tenant = entry(member)
+  if not size then return nil end
+  redis.call('HDEL', sizes, member)
+  redis.call('HDEL', limits, member)
+  redis.call('ZREM', lru(tenant), member)
+  used = redis.call('HINCRBY', meta, 'used', -size)
+  held[tenant] = redis.call('HINCRBY', meta, 'b:' .. tenant, -size)
+  if counter then redis.call('HINCRBY', meta, counter .. tenant, 1) end
+  return size
+end
+
+-- count off the blocks Redis expired (their keys are gone)
+local function sweep()
+  local due = redis.call('ZRANGEBYSCORE', expiry, '-inf', now, 'LIMIT', 0, 1000)
+  for _, member in ipairs(due) do
+    local left = redis.call('PTTL', dhead .. member)
+    if left == -2 then forget(member, 'x:')
+    elseif left == -1 then redis.call('ZREM', expiry, member)
+    else redis.call('ZADD', expiry, now + left, member) end
   end
 end
-return evicted
+
+-- a use pushes back an expiry after `unused`, never past `after`
+local function refresh(member)
+  if unused <= 0 then return end
+  local deadline = now + unused
+  local latest = tonumber(redis.call('HGET', limits, member) or '0')
+  if latest > 0 and latest < deadline then deadline = latest end
+  if redis.call('PEXPIREAT', dhead .. member, deadline) == 1 then
+    redis.call('ZADD', expiry, deadline, member)
+  end
+end
+
+sweep()
+used = tonumber(redis.call('HGET', meta, 'used') or '0')
 """
 
-#: Remove blocks.  ARGV: the user key per data key.  Answers 1 per block this
-#: call removed, 0 per key that held none.
-EVICT = """
-local lru, sizes, meta = KEYS[1], KEYS[2], KEYS[3]
-local removed = {}
-for i = 1, #KEYS - 3 do
-  local key = ARGV[i]
-  local size = redis.call('HGET', sizes, key)
-  removed[i] = redis.call('DEL', KEYS[i + 3])
-  if size then
-    redis.call('ZREM', lru, key)
-    redis.call('HDEL', sizes, key)
-    redis.call('HINCRBY', meta, 'used', -tonumber(size))
+_VICTIM = r"""
+-- byte order: Lua's < on strings follows the server's locale
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
   end
+  return #a < #b
+end
+
+-- TenantRules.rule: quota (nil: none) and weight
+local function rule(tenant)
+  local found = rules and (rules[tenant] or rules['*'])
+  if not found then return nil, 1 end
+  local quota = found[1]
+  if quota == cjson.null then quota = nil end
+  return quota, found[2]
+end
+
+-- TenantRules.shares, for tenants in byte order
+local function shares(tenants)
+  local out, quotas, total, given, weight = {}, {}, 0, 0, 0
+  for _, t in ipairs(tenants) do
+    local quota, w = rule(t)
+    if quota then
+      quotas[t] = math.min(quota, capacity)
+      total = total + quotas[t]
+    else
+      weight = weight + w
+    end
+  end
+  for _, t in ipairs(tenants) do
+    if quotas[t] then
+      out[t] = quotas[t]
+      if total > capacity then out[t] = math.floor(capacity * quotas[t] / total) end
+      given = given + out[t]
+    end
+  end
+  local rest = math.max(0, capacity - given)
+  for _, t in ipairs(tenants) do
+    if not quotas[t] then
+      local _, w = rule(t)
+      out[t] = 0
+      if weight > 0 then out[t] = math.floor(rest * w / weight) end
+    end
+  end
+  return out
+end
+
+-- TenantRules.victim: the tenant most beyond its share, the put counted as the
+-- writer's; on a tie the writer, then the first in byte order
+local function victim(size)
+  local tenants, present = {}, false
+  for t, n in pairs(held) do
+    if n > 0 then
+      tenants[#tenants + 1] = t
+      if t == writer then present = true end
+    end
+  end
+  if not present then tenants[#tenants + 1] = writer end
+  table.sort(tenants, before)
+  local share = shares(tenants)
+  local best, best_over, best_writes = nil, 0, false
+  for _, t in ipairs(tenants) do
+    local over = (held[t] or 0) - share[t]
+    if t == writer then over = over + size end
+    local writes = t == writer
+    if not best or over > best_over or (over == best_over and writes and not best_writes) then
+      best, best_over, best_writes = t, over, writes
+    end
+  end
+  return best
+end
+"""
+
+#: Store blocks.  ARGV after :data:`HEAD`: a member and a block per block.
+#: A block is stored once there is room: beyond its tenant's quota the tenant's
+#: own least recently used blocks go first; beyond the capacity the victim
+#: tenant's (:func:`victim`).  A block that cannot fit is refused, counted in
+#: ``r:<tenant>``.  Answers ``{stored, evicted}``: 1 or 0 per block, and the
+#: evicted blocks of this namespace as a flat list ``key, block, ...`` (the
+#: member less the own prefix) for the caller to hand to a lower tier; victims
+#: of other namespaces are deleted and counted, not answered.
+PUT = _PRELUDE + _VICTIM + r"""
+local n = (#ARGV - 9) / 2
+local clock = redis.call('HINCRBY', meta, 'clock', n) - n
+if pooled then
+  local all = redis.call('HGETALL', meta)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'b:' then held[string.sub(all[i], 3)] = tonumber(all[i + 1]) end
+  end
+else
+  held[writer] = used
+end
+local evicted, stored = {}, {}
+
+local function evict_oldest(tenant)
+  local member = redis.call('ZRANGE', lru(tenant), 0, 0)[1]
+  if not member then return false end
+  local dkey = dhead .. member
+  local mine = string.sub(member, 1, #own) == own
+  local data = nil
+  if mine then data = redis.call('GET', dkey) end
+  if data or (not mine and redis.call('EXISTS', dkey) == 1) then
+    redis.call('DEL', dkey)
+    if not forget(member, 'e:') then redis.call('ZREM', lru(tenant), member) end
+    redis.call('HINCRBY', meta, 'evictions', 1)
+    if data then
+      evicted[#evicted + 1] = string.sub(member, #own + 1)
+      evicted[#evicted + 1] = data
+    end
+  elseif not forget(member, 'x:') then  -- gone already: expired (or an operator's DEL)
+    redis.call('ZREM', lru(tenant), member)
+  end
+  return true
+end
+
+for i = 1, n do
+  local member, block = ARGV[8 + 2 * i], ARGV[9 + 2 * i]
+  local dkey, size = dhead .. member, #block
+  if redis.call('EXISTS', dkey) == 1 then
+    -- immutable per key: keep what is there, count the put as a use
+    local _, tenant = entry(member)
+    redis.call('ZADD', lru(tenant or writer), 'XX', clock + i, member)
+    refresh(member)
+    stored[i] = 1
+  else
+    forget(member)  -- indexed but gone: forget it before accounting anew
+    local quota = nil
+    if pooled then quota = rule(writer) end
+    local fits = (not quota or size <= quota) and (capacity <= 0 or size <= capacity)
+    if fits and quota then
+      while (held[writer] or 0) + size > quota and evict_oldest(writer) do end
+      fits = (held[writer] or 0) + size <= quota
+    end
+    if fits and capacity > 0 then
+      while used + size > capacity do
+        local tenant = writer
+        if pooled then tenant = victim(size) end
+        if not evict_oldest(tenant) then break end
+      end
+      fits = used + size <= capacity
+    end
+    if fits then
+      local deadline = 0
+      if after > 0 then deadline = now + after end
+      if unused > 0 and (deadline == 0 or now + unused < deadline) then deadline = now + unused end
+      if deadline > 0 then
+        redis.call('SET', dkey, block, 'PXAT', deadline)
+        redis.call('ZADD', expiry, deadline, member)
+        if after > 0 and unused > 0 then redis.call('HSET', limits, member, now + after) end
+      else
+        redis.call('SET', dkey, block)
+      end
+      redis.call('ZADD', lru(writer), clock + i, member)
+      if pooled then
+        redis.call('HSET', sizes, member, size .. ':' .. writer)
+      else
+        redis.call('HSET', sizes, member, size)
+      end
+      used = redis.call('HINCRBY', meta, 'used', size)
+      held[writer] = redis.call('HINCRBY', meta, 'b:' .. writer, size)
+      stored[i] = 1
+    else
+      redis.call('HINCRBY', meta, 'r:' .. writer, 1)
+      stored[i] = 0
+    end
+  end
+end
+return {stored, evicted}
+"""
+
+#: Remove blocks.  ARGV after :data:`HEAD`: members.  Answers 1 per block this
+#: call removed, 0 per member that held none.
+EVICT = _PRELUDE + r"""
+local removed = {}
+for i = 10, #ARGV do
+  removed[i - 9] = redis.call('DEL', dhead .. ARGV[i])
+  forget(ARGV[i])
 end
 return removed
 """
 
-#: Mark blocks as just used.  KEYS: the recency index and the counters only;
-#: ARGV: user keys.  ``XX`` leaves keys that are not stored alone, so a read
-#: may touch its misses too and save a round trip.
-TOUCH = """
-local n = #ARGV
-local clock = redis.call('HINCRBY', KEYS[2], 'clock', n) - n
+#: Mark blocks as just used, and push back their expiry after ``unused``.
+#: ARGV after :data:`HEAD`: members.  Members not stored are left alone, so a
+#: read may touch its misses too and save a round trip.
+TOUCH = _PRELUDE + r"""
+local n = #ARGV - 9
+local clock = redis.call('HINCRBY', meta, 'clock', n) - n
 for i = 1, n do
-  redis.call('ZADD', KEYS[1], 'XX', clock + i, ARGV[i])
+  local member = ARGV[9 + i]
+  local size, tenant = entry(member, true)  -- a read never fails on bookkeeping
+  if size then
+    redis.call('ZADD', lru(tenant), 'XX', clock + i, member)
+    refresh(member)
+  end
 end
 return n
 """
+
+#: The counters after a sweep: ``{HGETALL meta, blocks}``.
+STATS = _PRELUDE + r"""
+return {redis.call('HGETALL', meta), redis.call('HLEN', sizes)}
+"""
+
+ALL = (PUT, EVICT, TOUCH, STATS)
 
 
 def sha1(script: str) -> str:

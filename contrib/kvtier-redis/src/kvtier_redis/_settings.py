@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.config.units import parse_duration, parse_size
+from kvtier.policies.tenancy import (
+    EXPIRE_OPTION,
+    TENANT_OPTION,
+    TENANTS_OPTION,
+    Expiry,
+    TenantRules,
+)
 from kvtier.spec import ConfigError, Option
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
 
@@ -94,6 +101,10 @@ OPTIONS: Mapping[str, Option] = {
         default=None,
         check=_at_least(1),
     ),
+    # kvtier's own declarations, parsed by their parse functions (_read_parsed)
+    "tenants": TENANTS_OPTION,
+    "tenant": TENANT_OPTION,
+    "expire": EXPIRE_OPTION,
 }
 
 
@@ -125,6 +136,20 @@ def _read(options: Mapping[str, Any], name: str) -> Any:
         reason = "rejected (value hidden: secret option)" if option.secret else str(exc)
         raise ConfigError(reason, key=name) from None
     return value
+
+
+def _read_parsed(options: Mapping[str, Any], name: str) -> Any:
+    """Option ``name`` through its declared ``parse`` (kvtier's parsed value passes as it is)."""
+    option = OPTIONS[name]
+    value = options.get(name)
+    if value is None:
+        value = option.default
+    if option.parse is None:
+        return value
+    try:
+        return option.parse(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc), key=name) from None
 
 
 def _read_text(options: Mapping[str, Any], name: str) -> str | None:
@@ -163,6 +188,12 @@ class Settings:
     batch_bytes: int
     cluster: bool = False
     shards: int | None = None
+    #: The tenants' rules: set, the capacity is the pool's (every namespace
+    #: under the prefix), shared by the tenants as the rules say.
+    tenants: TenantRules = field(default_factory=TenantRules)
+    #: Whose blocks this instance holds (the chain passes its namespace's).
+    tenant: str = "default"
+    expire: Expiry = field(default_factory=Expiry)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> Settings:
@@ -192,6 +223,9 @@ class Settings:
                 None if _read(options, "shards") is None
                 else _read_count(options, "shards", least=1)
             ),
+            tenants=_read_parsed(options, "tenants"),
+            tenant=str(_read_parsed(options, "tenant")),
+            expire=_read_parsed(options, "expire"),
         )
         if settings.shards is not None and not settings.cluster:
             raise ConfigError("applies to a cluster only (cluster: true)", key="shards")
@@ -201,6 +235,11 @@ class Settings:
         if url.username and settings.username is not None:
             raise ConfigError("a user is given in the url and as an option", key="username")
         return settings
+
+    @property
+    def pooled(self) -> bool:
+        """Counted in the pool of every namespace under the prefix, per tenant."""
+        return bool(self.tenants)
 
     @property
     def limit(self) -> int:

@@ -1,9 +1,11 @@
 """The ``redis`` backend: KV-cache blocks as Redis strings, with a byte capacity and LRU.
 
-One tier instance serves one namespace and writes under
-``<prefix>:<namespace>:``: the blocks at ``b:<key>`` (the key's bytes as they
-are, Redis keys being binary-safe) and three bookkeeping keys beside them
-(:mod:`kvtier_redis._scripts` describes them).  Several processes opening the
+One tier instance serves one namespace and writes its blocks under
+``<prefix>:<namespace>:b:<key>`` (the key's bytes as they are, Redis keys
+being binary-safe).  Its bookkeeping keys are the namespace's,
+``<prefix>:<namespace>:``, or with ``tenants`` the pool's,
+``<prefix>:pool:``, shared by every namespace (every tenant) under the
+prefix (:mod:`kvtier_redis._scripts` describes them).  Several processes opening the
 same options share one store, which is why the capacity is enforced by the
 backend itself, inside Redis scripts, rather than left to Redis'
 ``maxmemory``: Redis counts its own overhead and would evict silently,
@@ -48,8 +50,8 @@ from kvtier.spec import (
 )
 from kvtier.spec.base import Evicted, Scan
 
-from . import _scripts
 from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
+from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, check_rules, stats_of
 
 if TYPE_CHECKING:
     from ._cluster import ClusterStore
@@ -71,15 +73,10 @@ class _Conn:
     client: redis.Redis
     settings: Settings
     where: str  # the URL without credentials
-    keys: tuple[bytes, bytes, bytes]  # recency index, sizes, counters
-    data_prefix: bytes
+    space: Space
 
     def data_key(self, key: bytes) -> bytes:
-        return self.data_prefix + key
-
-
-_SCRIPTS = {_scripts.sha1(text): text for text in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH)}
-_PUT, _EVICT, _TOUCH = (_scripts.sha1(s) for s in (_scripts.PUT, _scripts.EVICT, _scripts.TOUCH))
+        return self.space.data_key(key)
 
 
 def _as_buffer(block: BytesLike) -> bytes | bytearray | memoryview:
@@ -118,7 +115,7 @@ class RedisBackend(Scan):
         # unopened (`kvtier backends`): the defaults, without I/O
         settings = Settings.parse({}) if conn is None else conn.settings
         extra: dict[str, Any] = {}
-        scope: CapacityScope = "namespace"
+        scope: CapacityScope = "pool" if settings.pooled else "namespace"
         max_block_size = settings.max_block_size
         if not isinstance(conn, _Conn) and conn is not None:
             # a block must fit in its shard's share of the capacity
@@ -144,15 +141,7 @@ class RedisBackend(Scan):
         if not isinstance(conn, _Conn):
             stats = conn.stats()  # summed over the shards
         else:
-            lru, _sizes, meta = conn.keys
-            (used, evictions), blocks = self._run(
-                conn, [("HMGET", meta, "used", "evictions"), ("ZCARD", lru)]
-            )
-            stats = {
-                "used_bytes": int(used or 0),
-                "blocks": int(blocks),
-                "evictions": int(evictions or 0),
-            }
+            stats = stats_of(self._run(conn, [conn.space.call(STATS)])[0])
         if conn.settings.capacity is not None:
             stats["capacity_bytes"] = conn.settings.capacity
         return stats
@@ -181,11 +170,12 @@ class RedisBackend(Scan):
         chunks: list[list[int]] = []
         chunk: list[int] = []
         chunk_bytes = 0
+        too_large = 0
         for index, buffer in enumerate(buffers):
             size = nbytes(buffer)
             if size > settings.limit:
+                too_large += 1
                 continue  # refused, which is not an error
-            stored[index] = True
             if chunk and (
                 chunk_bytes + size > settings.batch_bytes or len(chunk) >= _MAX_KEYS_PER_SCRIPT
             ):
@@ -195,17 +185,18 @@ class RedisBackend(Scan):
             chunk_bytes += size
         if chunk:
             chunks.append(chunk)
-        commands = []
-        for part in chunks:
-            args: list[Any] = [settings.capacity or 0, conn.data_prefix]
-            for index in part:
-                args += (keys[index], buffers[index])
-            commands.append(self._script(conn, _PUT, [conn.data_key(keys[i]) for i in part], args))
+        commands = [conn.space.put([keys[i] for i in part], [buffers[i] for i in part])
+                    for part in chunks]
+        if too_large:
+            commands.append(conn.space.refused(settings.tenant, too_large))
 
         def report(answers: list[Any]) -> None:
-            for pairs in answers:
-                if isinstance(pairs, list):
+            for part, answer in zip(chunks, answers):
+                if isinstance(answer, list) and len(answer) == 2:
+                    flags, pairs = answer
                     evicted.extend(zip(pairs[0::2], pairs[1::2]))
+                    for index, flag in zip(part, flags):
+                        stored[index] = bool(flag)
 
         self._run(conn, commands, report)
         return stored
@@ -215,10 +206,10 @@ class RedisBackend(Scan):
         if not isinstance(conn, _Conn):
             return conn.get(keys)
         commands: list[tuple[Any, ...]] = [("MGET", *(conn.data_key(k) for k in keys))]
-        if conn.settings.capacity is not None:
-            # recency only matters where something is evicted
-            lru, _sizes, meta = conn.keys
-            commands.append(("EVALSHA", _TOUCH, 2, lru, meta, *keys))
+        if conn.settings.capacity is not None or conn.settings.pooled or conn.settings.expire:
+            # recency only matters where something is evicted, and a use
+            # pushes back an expiry after `unused`
+            commands.append(conn.space.members(TOUCH, keys))
         found: list[bytes | None] = self._run(conn, commands)[0]
         return found
 
@@ -235,7 +226,7 @@ class RedisBackend(Scan):
         if not isinstance(conn, _Conn):
             return conn.evict(keys)
         commands = [
-            self._script(conn, _EVICT, [conn.data_key(k) for k in keys[start:end]], keys[start:end])
+            conn.space.members(EVICT, keys[start:end])
             for start, end in _ranges(len(keys), _MAX_KEYS_PER_SCRIPT)
         ]
         return [bool(flag) for flags in self._run(conn, commands) for flag in flags]
@@ -332,14 +323,22 @@ class RedisBackend(Scan):
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{where}: {exc}", key="url") from None
         client = redis.Redis(connection_pool=pool)
-        base = f"{settings.prefix}:{namespace}:".encode()
-        conn = _Conn(client, settings, where, (base + b"lru", base + b"size", base + b"meta"),
-                     base + b"b:")
+        head = f"{settings.prefix}:".encode()
+        if settings.pooled:  # every tenant's namespace in one pool
+            space = Space.make(settings, head + b"pool:", namespace, head, settings.capacity or 0)
+        else:
+            base = head + f"{namespace}:".encode()
+            space = Space.make(settings, base, namespace, base + b"b:", settings.capacity or 0)
+        conn = _Conn(client, settings, where, space)
         try:
             with self._faults(where, "cannot open"):
                 client.ping()
-                for text in _SCRIPTS.values():
+                for text in SCRIPTS.values():
                     client.script_load(text)
+            if settings.pooled:
+                wanted = settings.tenants.canonical()
+                _set, stored = self._run(conn, space.rules_check(wanted))
+                check_rules(wanted, stored, where)
         except BaseException:
             client.close()
             raise
@@ -350,12 +349,6 @@ class RedisBackend(Scan):
         if conn is None:  # a close may have raced the call
             raise self.closed_error()
         return conn
-
-    @staticmethod
-    def _script(
-        conn: _Conn, sha: str, data_keys: Sequence[bytes], args: Sequence[Any]
-    ) -> tuple[Any, ...]:
-        return ("EVALSHA", sha, 3 + len(data_keys), *conn.keys, *data_keys, *args)
 
     @contextlib.contextmanager
     def _faults(self, where: str, doing: str = "failed") -> Iterator[None]:
@@ -385,7 +378,7 @@ class RedisBackend(Scan):
             answers = self._pipeline(conn.client, commands)
             missing = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
             if missing:
-                for text in _SCRIPTS.values():
+                for text in SCRIPTS.values():
                     conn.client.script_load(text)
                 again = self._pipeline(conn.client, [commands[i] for i in missing])
                 for index, answer in zip(missing, again):
