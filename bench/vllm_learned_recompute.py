@@ -18,6 +18,11 @@ each timing one prompt after a warm-up shorter than a block:
   process that reads the learned model) and ``always`` (the same tier,
   ``load_policy: always``; left out with ``--no-always``).
 
+Each run prints the slow tier's probes (blocks read only to measure it) and
+kept costs (times the fit an earlier process kept judged it instead): the
+first ``learned`` process after ``learn`` probes the tier; a later one
+declines it by what an earlier one measured and kept, without a read.
+
 The table gives each mode's median TTFT and its ratio to ``none``'s; every
 run's first token and top-5 logprobs must agree with ``none``'s first run
 (the script exits 1 otherwise).
@@ -66,7 +71,9 @@ def main() -> None:
         del modes["always"]
     runs, wrong = interleave(
         engine, modes, args.reps, 8,
-        note=lambda result: f", recompute {result.get('recompute', {}).get('model')}")
+        note=lambda result: f", recompute {result.get('recompute', {}).get('model')}" + "".join(
+            f", {name}: {t['probes']} probes, {t['kept_costs']} kept costs"
+            for name, t in result.get("tiers", {}).items()))
 
     table = medians(runs, 8)
     if args.json:

@@ -8,7 +8,9 @@ to the store of the computed blocks, and keeps the rate in the tier's
 catalog.  The second process, with the tier slowed so that loading the
 prompt takes about 3 times as long as recomputing it, starts with that rate:
 it probes the tier (two blocks), declines it, and vLLM computes the prompt;
-its first token and top logprobs are those of a run without offloading.
+its first token and top logprobs are those of a run without offloading.  It
+keeps what it measured of the tier, so a third process declines the tier
+without reading it (no probe).
 
 Before the learned model, a chain without ``recompute`` loaded every hit,
 however slow (``always (no recompute model configured)``).
@@ -36,7 +38,7 @@ def slow_tier(slow_dir: Path, delay: float) -> dict[str, Any]:
 
 
 @needs_vllm
-@pytest.mark.timeout(1800)  # three engine processes on two shared cores
+@pytest.mark.timeout(2400)  # four engine processes on two shared cores
 def test_a_fresh_process_declines_a_slow_tier_by_what_the_first_one_learned(
     tmp_path: Path, sample_plugin: str
 ) -> None:
@@ -69,6 +71,16 @@ def test_a_fresh_process_declines_a_slow_tier_by_what_the_first_one_learned(
     slow = second["tiers"]["slow"]
     assert (slow["probes"], slow["hits"]) == (2, 2)  # measured, found slow, declined
     assert slow["declined"] >= blocks - 1
-    log.info("TTFT: no offload %.3f s, learned decision %.3f s (%.2fx); learned %s",
-             plain["ttft_s"], second["ttft_s"], second["ttft_s"] / plain["ttft_s"],
-             learned["model"])
+    assert slow["kept_costs"] == 0  # nothing kept of the slowed tier yet
+    # the second kept what its probes measured: the third declines the tier unread
+    third = engine(chain_yaml(tmp_path / "second.yaml", slow_tier(slow_dir, delay), "cost",
+                              None))
+    same_output(third, plain)
+    assert third["cached_tokens"] == 0
+    kept = third["tiers"]["slow"]
+    assert (kept["probes"], kept["hits"], kept["kept_costs"]) == (0, 0, 1)
+    assert kept["declined"] >= blocks - 1
+    log.info("TTFT: no offload %.3f s, learned decision %.3f s (%.2fx), with the kept load "
+             "cost %.3f s (%.2fx); learned %s", plain["ttft_s"], second["ttft_s"],
+             second["ttft_s"] / plain["ttft_s"], third["ttft_s"],
+             third["ttft_s"] / plain["ttft_s"], learned["model"])

@@ -13,7 +13,7 @@ chain has taken the prompt's KV, so a later process finds all of it.
 The last stdout line starting ``KVTIER-SLOW`` holds a JSON object: ``ttft_s``,
 ``token``, ``logprobs`` (token id -> logprob), ``cached_tokens`` (prompt
 tokens vLLM did not compute) and, with a chain, ``tiers``: per tier name its
-``hits``, ``bytes_in``, ``bytes_out``, ``probes``, ``declined``,
+``hits``, ``bytes_in``, ``bytes_out``, ``probes``, ``kept_costs``, ``declined``,
 ``declined_tokens`` and ``block_s`` (the fitted load time of a usual block).
 
 :func:`run_engine` runs it in a fresh process; ``bench/vllm_slow_tier.py``
@@ -100,7 +100,7 @@ def child(args: argparse.Namespace) -> None:
                 time.sleep(0.05)
         result["tiers"] = {
             t["name"]: {**{k: t[k] for k in ("hits", "bytes_in", "bytes_out", "probes",
-                                              "declined", "declined_tokens")},
+                                              "kept_costs", "declined", "declined_tokens")},
                         "block_s": t["load_cost"]["block_s"]}
             for t in tier.chain_stats()["tiers"]
         }
