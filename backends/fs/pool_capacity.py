@@ -31,16 +31,17 @@ __all__ = ["PoolCapacity", "open_capacity"]
 
 
 def open_capacity(store: Store, options: Mapping[str, Any], namespace: str) -> Capacity:
-    """The shared pool when ``options`` ask for one (``capacity``, ``min_free`` or a tenant's
-    quota on a local root, ``pool`` on) and the root's filesystem allows it; else this
+    """The shared pool when ``options`` ask for one (``capacity``, ``min_free`` or a quota in
+    ``tenants`` on a local root, ``pool`` on) and the root's filesystem allows it; else this
     process's count, bounded by min(``capacity``, the tenant's quota): each instance is
     one tenant's, and tenants share by weight only in the pool (docs/tenants.md)."""
     rules = parse_tenants(options.get("tenants"))
     tenant = options.get("tenant") or DEFAULT_TENANT
     quota = rules.quota(tenant)
     bound = min((b for b in (options["capacity"], quota) if b is not None), default=None)
+    # any quota: every tenant's instance joins the pool, so that every tenant is counted
     wanted = (options["capacity"] is not None or options.get("min_free") is not None
-              or quota is not None)
+              or any(rule.quota is not None for rule in rules.named.values()))
     pooled = options.get("capacity_scope") != "process"  # capacity_scope: process, no pool
     if not (isinstance(store, LocalStore) and pooled and wanted):
         return ProcessCapacity(store, bound)

@@ -255,3 +255,17 @@ def test_through_the_chain_each_tenant_is_counted_by_its_namespace(tmp_path: Pat
         assert figures["tenant_bytes.acme"] <= 1 << 20 < figures["tenant_bytes.acme"] + size + 4096
         assert figures["tenant_evicted.acme"] == 40 - len(kept)
         assert "tenant_evicted.globex" not in figures
+
+
+def test_a_quota_alone_counts_every_tenant_in_the_pool(tmp_path: Path, handles: list) -> None:
+    """No capacity: a quota in ``tenants`` opens the pool, for the tenants without one too."""
+    rules = {"acme": {"quota": 4 * SIZE}}
+    acme = tier(tmp_path, handles, ACME, "acme", tenants=rules, capacity=None)
+    globex = tier(tmp_path, handles, GLOBEX, "globex", tenants=rules, capacity=None)
+    put_all(globex, "g", 6, seed=1000)
+    mine = put_all(acme, "a", 10, seed=0)
+    assert exact(acme, mine, 0) == [False] * 6 + [True] * 4
+    figures = tenant_figures(globex)
+    assert figures["tenant_bytes.acme"] == 4 * SIZE
+    assert figures["tenant_bytes.globex"] >= 6 * SIZE  # its credit counted with its files
+    assert held_on_disk(tmp_path, GLOBEX) == 6 * SIZE
