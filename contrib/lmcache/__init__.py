@@ -10,7 +10,8 @@ loader imports this package and builds :class:`KvtierL2Adapter`::
 ``kvtier lmcache-args tiers.yaml`` checks the YAML and prints that flag.
 Importing this package does not import LMCache; the adapter module does.
 
-May import :mod:`kvtier` (the chain), :mod:`kvtier.config` and
+May import :mod:`kvtier` (the chain), :mod:`kvtier.chain` (the tenants'
+chains), :mod:`kvtier.block` (a tenant's name), :mod:`kvtier.config` and
 :mod:`kvtier.spec`.
 """
 

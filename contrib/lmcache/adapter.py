@@ -70,9 +70,9 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 import kvtier
 from kvtier.spec import KvtierError
 
-from .keys import kvtier_key
 from .settings import AdapterSettings
 from .signals import Counters, EventFd
+from .tenancy import LMCacheTenancy
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -95,7 +95,8 @@ class KvtierL2AdapterConfig(L2AdapterConfigBase):
     ``from_dict`` gets ``adapter_params``: ``kvtier_config`` (required: the
     chain's YAML), ``namespace`` (a model name or a :class:`kvtier.Namespace`
     mapping, default ``"lmcache"``), ``lock_copies`` (``ram`` or ``all``),
-    ``max_locked_bytes`` (default ``1GiB``) and ``job_workers`` (default 4).
+    ``max_locked_bytes`` (default ``1GiB``), ``job_workers`` (default 4), and
+    ``tenants`` and ``shared_tenants`` (:mod:`.tenancy`).
     A bad value, or a chain YAML that does not validate, stops LMCache at
     start-up with the message.
     """
@@ -116,6 +117,7 @@ class KvtierL2AdapterConfig(L2AdapterConfigBase):
             "- lock_copies ('ram' | 'all'): which locked blocks are copied (default 'ram')\n"
             "- max_locked_bytes (size): bound on those copies (default '1GiB')\n"
             "- job_workers (int): chain job threads (default 4)\n"
+            "- tenants ('salt' | {salt: tenant}), shared_tenants (list): docs/tenants.md\n"
             "`kvtier lmcache-args tiers.yaml` prints the whole --l2-adapter flag."
         )
 
@@ -150,10 +152,8 @@ class KvtierL2Adapter(L2AdapterInterface):
         if not isinstance(config, KvtierL2AdapterConfig):
             config = KvtierL2AdapterConfig.from_dict(dict(config))
         self.settings = config.settings
-        self.chain = kvtier.open_chain(
-            self.settings.chain, namespace=self.settings.namespace,
-            job_workers=self.settings.job_workers,
-        )
+        self._tenancy = LMCacheTenancy(self.settings)  # a chain per tenant (tenancy.py)
+        self.chain, self._io = self._tenancy.chain, self._tenancy.io
         copy_all = self.settings.lock_copies == "all"
         self._copy_tier = [copy_all or not t.capabilities.persistent for t in self.chain.tiers]
         self._efds = {op: EventFd() for op in ("store", "lookup", "load")}
@@ -197,7 +197,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         """Store ``objects`` (LMCache's L1 buffers, read straight) under ``keys``."""
         task_id = next(self._task_ids)
         sizes = [obj.get_size() for obj in objects]
-        kv = [kvtier_key(k) for k in keys]
+        kv = [self._tenancy.key(k) for k in keys]
 
         def done(res: kvtier.JobResult | None) -> None:
             flags = list(res.result) if res is not None and res.error is None else []
@@ -221,7 +221,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         with self._cond:  # the views below do not keep an object alive: this does
             self._storing[task_id] = list(objects)
         self._submit(
-            lambda: self.chain.submit_put(kv, [_bytes_of(obj) for obj in objects]), done
+            lambda: self._io.submit_put(kv, [_bytes_of(obj) for obj in objects]), done
         )
         return task_id
 
@@ -253,12 +253,12 @@ class KvtierL2Adapter(L2AdapterInterface):
         advisory, and without it the size is the one stored, or read from the block.
         """
         task_id = next(self._task_ids)
-        kv = [kvtier_key(k) for k in keys]
+        kv = [self._tenancy.key(k) for k in keys]
         sizes = {gid: _layout_bytes(desc) for gid, desc in (group_layout_descs or {}).items()}
         with self._cond:  # before the job starts: a delete from now on vetoes its keys
             self._inflight[task_id] = (frozenset(kv), set())
         self._submit(
-            lambda: self.chain.submit_lookup(kv),
+            lambda: self._io.submit_lookup(kv),
             lambda res: self._after_lookup(task_id, keys, kv, sizes, res),
         )
         return task_id
@@ -292,7 +292,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         read: list[tuple[int, bytes | bytearray, bool]] = []
         if unsized:  # no hint, not stored here: only the block's header has its size
             try:
-                payloads = self.chain.get_bytes([kv[i] for i in unsized])
+                payloads = self._io.get_bytes([kv[i] for i in unsized])
             except KvtierError as exc:  # closed meanwhile: misses
                 log.warning("kvtier: reading blocks to lock failed: %r", exc)
                 payloads = [None] * len(unsized)
@@ -313,7 +313,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             ]
             self._after_copy(task_id, kv, locked, read + got)
 
-        self._submit(lambda: self.chain.submit_get([kv[i] for i, _ in to_copy], buffers), copied)
+        self._submit(lambda: self._io.submit_get([kv[i] for i, _ in to_copy], buffers), copied)
 
     def _deleted(self, task_id: int, key: bytes) -> bool:
         """Whether ``key`` was deleted since lookup ``task_id`` started, or waits for removal."""
@@ -370,7 +370,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         ready: list[bytes] = []
         with self._cond:
             for key in keys:
-                kv = kvtier_key(key)
+                kv = self._tenancy.key(key)
                 count = self._pins.get(kv, 0)
                 if count > 1:
                     self._pins[kv] = count - 1
@@ -393,7 +393,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             log.error("kvtier: load task with %d keys and %d objects", len(keys), len(objects))
             self._run_local(lambda: self._finish_load(task_id, keys, [False] * len(keys)))
             return task_id
-        kv = [kvtier_key(k) for k in keys]
+        kv = [self._tenancy.key(k) for k in keys]
         views = [_bytes_of(obj) for obj in objects]
         with self._cond:  # hold the copies now: an early unlock must not drop them
             copied = {i: self._copies[k] for i, k in enumerate(kv) if k in self._copies}
@@ -412,7 +412,7 @@ class KvtierL2Adapter(L2AdapterInterface):
 
         if rest:
             self._submit(
-                lambda: self.chain.submit_get([kv[i] for i in rest], [views[i] for i in rest]),
+                lambda: self._io.submit_get([kv[i] for i in rest], [views[i] for i in rest]),
                 done,
             )
         else:
@@ -445,8 +445,8 @@ class KvtierL2Adapter(L2AdapterInterface):
         the chain).  A pinned key is gone for new lookups at once, stays
         loadable by its lock holders, and leaves the chain at its last unlock.
         """
-        kv = list(dict.fromkeys(kvtier_key(k) for k in keys))
-        by_kv = {kvtier_key(k): k for k in keys}
+        kv = list(dict.fromkeys(self._tenancy.key(k) for k in keys))
+        by_kv = {self._tenancy.key(k): k for k in keys}
         now: list[bytes] = []
         deferred: list[bytes] = []
         with self._cond:
@@ -463,7 +463,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         removed = set(deferred)
         if now:
             try:
-                removed.update(k for k, flag in zip(now, self.chain.evict_each(now)) if flag)
+                removed.update(k for k, flag in zip(now, self._io.evict_each(now)) if flag)
             except KvtierError as exc:  # closed: nothing was removed
                 log.warning("kvtier: delete failed: %r", exc)
         with self._telling:
@@ -478,7 +478,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         with self._cond:
             kv = [k for k in kv if k in self._deferred and k not in self._pins]
         if kv:
-            self.chain.evict_each(kv)
+            self._io.evict_each(kv)
         with self._cond:
             self._deferred.difference_update(kv)
 
@@ -526,7 +526,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
-        self.chain.close()
+        self._tenancy.close()
         for efd in self._efds.values():
             efd.close()
 
@@ -569,8 +569,8 @@ class KvtierL2Adapter(L2AdapterInterface):
             for fn in local:
                 self._guarded(fn)
             if oldest is not None:
-                self.chain.wait([oldest], timeout=_POLL_S)
-            for res in self.chain.poll():
+                self._io.wait([oldest], timeout=_POLL_S)
+            for res in self._io.poll():
                 with self._cond:
                     handler = self._handlers.pop(res.job_id, None)
                 if handler is None:

@@ -42,12 +42,17 @@ class ObjectKeyLike(Protocol):
     def cache_salt(self) -> str: ...
 
 
-def kvtier_key(key: ObjectKeyLike) -> bytes:
-    """The kvtier key of one LMCache ``ObjectKey``: all five fields, at most 64 bytes."""
-    for text, name in ((key.model_name, "model_name"), (key.cache_salt, "cache_salt")):
+def kvtier_key(key: ObjectKeyLike, *, salt: str | None = None) -> bytes:
+    """The kvtier key of one LMCache ``ObjectKey``: all five fields, at most 64 bytes.
+
+    ``salt`` stands in for the key's ``cache_salt`` (``""``: a tenant's key,
+    whose namespace already says whose it is, :mod:`.tenancy`).
+    """
+    salt = key.cache_salt if salt is None else salt
+    for text, name in ((key.model_name, "model_name"), (salt, "cache_salt")):
         if "@" in text:  # LMCache's own invariant; checked again, the key depends on it
             raise ValueError(f"{name} must not contain '@' (got {text!r})")
-    head = f"{key.model_name}@{key.kv_rank}@{key.object_group_id}@{key.cache_salt}@"
+    head = f"{key.model_name}@{key.kv_rank}@{key.object_group_id}@{salt}@"
     full = head.encode() + bytes(key.chunk_hash)
     if len(full) <= MAX_KEY_SIZE and not full.startswith(DIGEST_MARKER):
         return full

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.block.namespace import check_tenant
 from kvtier.config import ChainConfig, load_config
 from kvtier.config.units import parse_size
 from kvtier.spec import KvtierError
@@ -22,7 +23,8 @@ __all__ = ["LOCK_COPIES", "AdapterSettings"]
 #: into the adapter; ``all``: every locked block is copied.
 LOCK_COPIES = ("ram", "all")
 
-_KNOWN = ("kvtier_config", "namespace", "lock_copies", "max_locked_bytes", "job_workers")
+_KNOWN = ("kvtier_config", "namespace", "lock_copies", "max_locked_bytes", "job_workers",
+          "tenants", "shared_tenants")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class AdapterSettings:
     lock_copies: str = "ram"
     max_locked_bytes: int = 1 << 30
     job_workers: int = 4
+    #: None: no tenants (one namespace); "salt": a tenant per cache_salt; or salt -> tenant
+    tenants: str | Mapping[str, str] | None = None
+    shared_tenants: frozenset[str] = frozenset()
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> AdapterSettings:
@@ -66,4 +71,24 @@ class AdapterSettings:
         workers = params.get("job_workers", 4)
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError("adapter_params.job_workers must be a positive integer")
-        return cls(path, chain, namespace, lock_copies, max_locked, workers)
+        tenants = params.get("tenants")
+        if tenants is not None and tenants != "salt" and not (
+                isinstance(tenants, Mapping) and all(isinstance(k, str) for k in tenants)
+                and all(_is_tenant(t) for t in tenants.values())):
+            raise ValueError("adapter_params.tenants must be 'salt' or an object mapping each "
+                             "cache_salt to a tenant name (letters, digits, _ . : @ -)")
+        shared = params.get("shared_tenants", [])
+        if not isinstance(shared, list) or not all(_is_tenant(t) for t in shared):
+            raise ValueError("adapter_params.shared_tenants must be a list of tenant names")
+        if shared and tenants is None:
+            raise ValueError("adapter_params.shared_tenants needs adapter_params.tenants")
+        return cls(path, chain, namespace, lock_copies, max_locked, workers,
+                   tenants, frozenset(shared))
+
+
+def _is_tenant(name: Any) -> bool:
+    try:
+        check_tenant(name)
+    except ValueError:
+        return False
+    return True

@@ -9,6 +9,12 @@ one job, in the order given.  So an adapter written against one chain keeps
 its bookkeeping (verdicts, pins, jobs) keyed by qualified keys and job ids,
 and every block still goes to its tenant's namespace (docs/tenants.md).
 
+``fallback`` (optional) names, for a qualified key, another one to read when
+the first misses: a tenant reading a shared tenant's blocks (a system prompt
+under LMCache).  Lookups and gets try it for the keys their tenant's chain
+misses; puts and evictions never touch it, so no tenant writes or removes
+what it only reads.
+
 A tenant's chain comes from ``chain_of(tenant)`` (:meth:`Tenants.chain
 <kvtier.chain.tenants.Tenants.chain>`, or the adapter's own chain for its
 default tenant).  One that fails to open is a miss, for the keys of that
@@ -52,6 +58,8 @@ class _Merge:
 
     kind: Literal["put", "get", "lookup"]
     result: list[Any]
+    keys: Sequence[bytes] = ()
+    out: Sequence[Any] = ()
     parts: int = 0
     error: BaseException | None = None
     subs: list[tuple[Any, int]] = field(default_factory=list)
@@ -60,14 +68,19 @@ class _Merge:
 class TenantRouter:
     """Batches of qualified keys, each part on its tenant's chain.  Thread-safe."""
 
-    def __init__(self, chain_of: Callable[[str], Any], *, retry_after: float = 30.0) -> None:
+    def __init__(
+        self, chain_of: Callable[[str], Any], *, retry_after: float = 30.0,
+        fallback: Callable[[bytes], bytes | None] | None = None,
+    ) -> None:
         self._chain_of = chain_of
+        self._fallback = fallback
         self._retry_after = retry_after
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._jobs: dict[int, _Merge] = {}
-        # (the tenant's chain, its job id) -> (our job id, the positions of its keys)
-        self._subs: dict[tuple[Any, int], tuple[int, list[int]]] = {}
+        # (the tenant's chain, its job id) -> (our job id, the positions of its keys,
+        # whether its keys are fallbacks)
+        self._subs: dict[tuple[Any, int], tuple[int, list[int], bool]] = {}
         self._done: list[JobResult] = []
         self._failed: dict[str, float] = {}  # tenant -> when to try its chain again
 
@@ -99,18 +112,11 @@ class TenantRouter:
         self, kind: Literal["put", "get", "lookup"], keys: Sequence[bytes],
         start: Callable[[Any, list[int], list[bytes]], int], missing: Any,
     ) -> int:
-        merge = _Merge(kind, [missing] * len(keys))
+        merge = _Merge(kind, [missing] * len(keys), keys)
         with self._lock:  # whole: no part is polled before every part is counted
             job_id = next(self._ids)
             try:
-                for tenant, (positions, raw) in self._groups(keys).items():
-                    chain = self.chain(tenant)
-                    if chain is None:
-                        continue
-                    sub = start(chain, positions, raw)  # mistakes in the arguments raise here
-                    merge.parts += 1
-                    self._subs[(chain, sub)] = (job_id, positions)
-                    merge.subs.append((chain, sub))
+                self._start(job_id, merge, keys, range(len(keys)), start, False)
             except BaseException:  # a chain closing: the parts started are forgotten
                 for sub_key in merge.subs:
                     self._subs.pop(sub_key, None)
@@ -120,6 +126,36 @@ class TenantRouter:
             else:  # nothing reached a chain: done now, every key a miss
                 self._done.append(JobResult(job_id, kind, merge.result))
         return job_id
+
+    def _start(
+        self, job_id: int, merge: _Merge, keys: Sequence[bytes], where: Sequence[int],
+        start: Callable[[Any, list[int], list[bytes]], int], fallback: bool,
+    ) -> None:
+        """Start a part per tenant of ``keys`` (at positions ``where`` of the job)."""
+        for tenant, (positions, raw) in self._groups(keys).items():
+            chain = self.chain(tenant)
+            if chain is None:
+                continue
+            positions = [where[i] for i in positions]
+            sub = start(chain, positions, raw)  # mistakes in the arguments raise here
+            merge.parts += 1
+            self._subs[(chain, sub)] = (job_id, positions, fallback)
+            merge.subs.append((chain, sub))
+
+    def _read_fallbacks(self, job_id: int, merge: _Merge, missed: list[int]) -> None:
+        """Try the fallback keys of a read's ``missed`` positions (under the lock)."""
+        assert self._fallback is not None
+        where = [(i, other) for i in missed if (other := self._fallback(merge.keys[i]))]
+        if not where:
+            return
+        def start(c: Any, pos: list[int], raw: list[bytes]) -> int:
+            if merge.kind == "lookup":
+                return int(c.submit_lookup(raw))
+            return int(c.submit_get(raw, [merge.out[i] for i in pos]))
+        try:
+            self._start(job_id, merge, [k for _, k in where], [i for i, _ in where], start, True)
+        except Exception as exc:  # a chain closing: those keys stay misses
+            log.debug("kvtier: fallback reads not started: %r", exc)
 
     def submit_lookup(self, keys: Sequence[bytes]) -> int:
         """:meth:`Chain.submit_lookup <kvtier.Chain.submit_lookup>` over qualified keys."""
@@ -134,8 +170,13 @@ class TenantRouter:
 
     def submit_get(self, keys: Sequence[bytes], out: Sequence[Any]) -> int:
         """:meth:`Chain.submit_get <kvtier.Chain.submit_get>` over qualified keys."""
-        return self._submit("get", keys, lambda c, pos, raw: c.submit_get(
+        job_id = self._submit("get", keys, lambda c, pos, raw: c.submit_get(
             raw, [out[i] for i in pos]), False)
+        with self._lock:
+            merge = self._jobs.get(job_id)
+            if merge is not None:
+                merge.out = out
+        return job_id
 
     def _each(self, keys: Sequence[bytes], call: Callable[[Any, list[int], list[bytes]],
                                                           list[Any]], missing: Any) -> list[Any]:
@@ -146,6 +187,17 @@ class TenantRouter:
                 for i, value in zip(positions, call(chain, positions, raw)):
                     result[i] = value
         return result
+
+    def get_bytes(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """:meth:`Chain.get_bytes <kvtier.Chain.get_bytes>` over qualified keys, with fallbacks."""
+        got = self._each(keys, lambda c, _, raw: c.get_bytes(raw), None)
+        if self._fallback is not None:
+            again = [(i, other) for i, value in enumerate(got)
+                     if value is None and (other := self._fallback(keys[i]))]
+            for (i, _), value in zip(again, self._each([k for _, k in again],
+                                                       lambda c, _, raw: c.get_bytes(raw), None)):
+                got[i] = value
+        return got
 
     def put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
         """:meth:`Chain.put <kvtier.Chain.put>` over qualified keys."""
@@ -171,13 +223,19 @@ class TenantRouter:
                     entry = self._subs.pop((chain, res.job_id), None)
                     if entry is None:
                         continue
-                    job_id, positions = entry
-                    merge = self._jobs[job_id]  # registered with its first part
+                    job_id, positions, was_fallback = entry
+                    merge = self._jobs[job_id]  # registered before the lock was let go
                     if res.error is not None:
                         merge.error = merge.error or res.error
                     else:
                         for i, value in zip(positions, res.result):
                             merge.result[i] = value
+                        # a miss: None (lookup) or False (get); a lookup's hit may be 0
+                        missed = [i for i in positions
+                                  if merge.result[i] is None or merge.result[i] is False]
+                        if (missed and not was_fallback and self._fallback is not None
+                                and merge.kind != "put"):
+                            self._read_fallbacks(job_id, merge, missed)
                     merge.parts -= 1
                     if merge.parts == 0:
                         del self._jobs[job_id]
@@ -190,7 +248,7 @@ class TenantRouter:
         with self._lock:
             wanted = None if job_ids is None else set(job_ids)
             by_chain: dict[Any, list[int]] = {}
-            for (chain, sub), (job_id, _) in self._subs.items():
+            for (chain, sub), (job_id, _, _) in self._subs.items():
                 if wanted is None or job_id in wanted:
                     by_chain.setdefault(chain, []).append(sub)
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -68,3 +68,25 @@ def test_a_tenant_whose_chain_fails_to_open_misses_alone() -> None:
 def test_qualified_keys_round_trip() -> None:
     # a key may hold NUL bytes; a tenant name cannot, so the first NUL splits them
     assert unqualify(qualify("acme", b"\x00\x01k\x00")) == ("acme", b"\x00\x01k\x00")
+
+
+def test_reads_that_miss_try_the_fallback_and_writes_never_do() -> None:
+    with open_tenants(CONFIG, "m") as tenants:
+        def shared(qualified: bytes) -> bytes | None:
+            tenant, key = unqualify(qualified)
+            return None if tenant == "default" else qualify("default", key)
+
+        router = TenantRouter(tenants.chain, fallback=shared)
+        public, own = b"\x05" * BLOCK, b"\x06" * BLOCK
+        tenants.chain(None).put([b"sys", b"both"], [public, public])
+        tenants.chain("acme").put([b"both"], [own])
+        keys = [qualify("acme", k) for k in (b"sys", b"both", b"none")]
+        # a hit in the tenant's own chain is tier 0: it stays a hit, its own block is read
+        assert done(router, router.submit_lookup(keys)).result == [0, 0, None]
+        out = [bytearray(BLOCK) for _ in keys]
+        assert done(router, router.submit_get(keys, out)).result == [True, True, False]
+        assert [bytes(b) for b in out[:2]] == [public, own]
+        assert router.get_bytes(keys) == [public, own, None]
+        # puts and evictions stay in the tenant's own chain
+        assert router.evict_each(keys[:1]) == [False]
+        assert tenants.chain(None).lookup([b"sys"]) == [0]
