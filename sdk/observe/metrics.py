@@ -14,7 +14,9 @@ reports online sizing (``sizing_hit_ratio_<m>x``) also has the gauge
 ``kvtier_tier_sizing_hit_ratio`` with a ``scale`` label (``0.5x``, ``1x``,
 ``2x``, ``4x``).  A tier on a store that processes share (the ``fs`` pool) exports
 its whole store's ``kvtier_tier_used_bytes``, and beside it what this process wrote of
-it: ``kvtier_tier_own_used_bytes`` and ``kvtier_tier_own_blocks``.
+it: ``kvtier_tier_own_used_bytes`` and ``kvtier_tier_own_blocks``.  A pool of
+tenants (``open_tenants``) is exported once, per tenant, with a bounded number
+of series (:mod:`.tenant_metrics`, docs/tenants.md).
 """
 
 from __future__ import annotations
