@@ -36,6 +36,10 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}"
+
+
 def render(report: dict[str, Any], console: Console) -> None:
     """The report as tables."""
     m = report["machine"]
@@ -77,9 +81,10 @@ def render(report: dict[str, Any], console: Console) -> None:
             for raw in row["raw"]:
                 if raw["name"] == twin.LABEL and raw["ratio_p50"]:
                     console.print(f"encryption: {row['tier']} {row['op']} costs "
-                                  f"{100 * (1 / raw['ratio_p50'] - 1):+.1f}% over the same tier "
-                                  "in plaintext (median batch times, same rounds)",
-                                  highlight=False)
+                                  f"{_signed(raw.get('cost_paired_pct'))}% over the same tier "
+                                  "in plaintext (median of the rounds' ratios; "
+                                  f"{100 * (1 / raw['ratio_p50'] - 1):+.1f}% from the median "
+                                  "batch times)", highlight=False)
     d = report.get("dispatch")
     if d:
         table = Table(title=f"pluggy dispatch, host backend, batch of {d['batch']}")

@@ -47,6 +47,7 @@ import mmap
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -462,6 +463,13 @@ def _row(plan: Plan, op: str, kv: Series, raws: list[Raw], raw_series: list[dict
         raw_row["ratio"] = row["kvtier"]["gbps"] / raw_row["gbps"] if raw_row["gbps"] else None
         # the same ratio from the median batches: one disturbed round does not move it
         raw_row["ratio_p50"] = raw_row["p50_ms"] / kv_p50 if kv_p50 else None
+    for raw, s in zip(raws, raw_series):
+        if isinstance(raw, PlaintextTwin) and raw_op in raw.reports:
+            # each round's own ratio, then their median: both sides of a ratio saw the same
+            # moment, which a shared machine's drift between rounds does not move
+            pairs = [k / t for k, t in zip(kv.seconds, s[raw_op].seconds) if t]
+            twin_row = next(r for r in row["raw"] if r["name"] == raw.label)
+            twin_row["cost_paired_pct"] = 100 * (statistics.median(pairs) - 1) if pairs else None
     if plan.note:
         row["note"] = plan.note
     return row

@@ -60,6 +60,7 @@ def test_bench_encrypt_sets_each_encrypted_tier_beside_its_plaintext_twin() -> N
         assert row["verified"] is True and set(row["mismatches"].values()) == {0}, row
         twin = [raw for raw in row["raw"] if raw["name"] == "kvtier plaintext"]
         assert len(twin) == 1 and twin[0]["gbps"] > 0 and twin[0]["ratio_p50"] > 0
+        assert twin[0]["cost_paired_pct"] > -100  # a cost in percent: time is never negative
         assert row["mismatches"]["kvtier plaintext"] == 0  # its reads were compared too
         # the plaintext tiers have no twin
         assert all(raw["name"] != "kvtier plaintext" for raw in rows[("fs", op)]["raw"])
