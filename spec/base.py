@@ -19,7 +19,7 @@ A subclass writes ``_open``, ``_close``, ``_capabilities``, ``_put``,
 each called only while the instance is open and with a non-empty batch.
 The optional fast paths are mixins a backend adds only when it has them, so
 that it is not reported as having a hook it lacks: :class:`PutParts`,
-:class:`GetInto` and :class:`Scan`.  Raw access for the conformance kit is
+:class:`GetInto`, :class:`Scan` and :class:`Keep`.  Raw access for the conformance kit is
 no hook: a plain method ``kit_tamper`` (:class:`kvtier.testing.RawAccess`);
 the mixin ``Tamper`` that made the old hook is importable from here for one
 release (:mod:`kvtier.spec.deprecated`).
@@ -44,7 +44,7 @@ from .errors import ClosedError, KvtierError
 from .hookspecs import BytesLike, hookimpl
 from .types import Capabilities, Option, ScanEntry
 
-__all__ = ["BlockStore", "Evicted", "GetInto", "PutParts", "Scan", "Tamper"]
+__all__ = ["BlockStore", "Evicted", "GetInto", "Keep", "PutParts", "Scan", "Tamper"]
 
 #: Where ``_put`` reports the blocks its capacity pushed out.
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
@@ -239,3 +239,15 @@ class Scan(BlockStore):
     def kvtier_scan(self, namespace: str | None) -> Iterator[Sequence[ScanEntry]]:
         self.ensure_open()  # raised by the call, not at the first batch
         return self._scan(namespace)
+
+
+class Keep(BlockStore):
+    """Mixin: ``kvtier_keep``, retention marks (contract 1.2); write ``_keep``."""
+
+    def _keep(self, keys: Sequence[bytes], keep: bool) -> Sequence[bool | None]:
+        raise NotImplementedError
+
+    @hookimpl
+    def kvtier_keep(self, keys: Sequence[bytes], keep: bool) -> Sequence[bool | None]:
+        self.ensure_open()
+        return self._keep(keys, keep) if keys else []

@@ -53,7 +53,9 @@ backend implements the four required hooks only, storing and returning
 Every hook that answers is a pluggy *first-result* hook: the first non-None
 answer is the answer, so one backend instance answers each call alone.
 ``kvtier_scan`` (contract 1.1) lets operators' tools (``kvtier inspect``,
-``scrub``, ``purge``) list what a store holds.
+``scrub``, ``purge``) list what a store holds.  ``kvtier_keep`` (contract 1.2)
+marks blocks kept, out of the eviction order, within a tenant's retention
+budget; a backend without it simply keeps nothing.
 
 Raw access to the stored bytes, which the conformance kit's ``corruption``
 group needs, is no hook: the chain never asks for it.  It is the kit's
@@ -84,8 +86,8 @@ __all__ = [
 
 #: Version of this contract, ``"MAJOR.MINOR"``.  A new optional hook bumps the
 #: minor number; a changed signature or meaning bumps the major number.
-#: 1.1 added ``kvtier_scan``.
-CONTRACT_VERSION = "1.1"
+#: 1.1 added ``kvtier_scan``; 1.2 added ``kvtier_keep``.
+CONTRACT_VERSION = "1.2"
 
 #: The hooks every backend implements; the others are optional.
 REQUIRED_HOOKS = ("kvtier_put", "kvtier_get", "kvtier_lookup", "kvtier_evict")
@@ -344,4 +346,42 @@ def kvtier_scan(namespace: str | None) -> Iterator[Sequence[ScanEntry]]:
     is not a use (see recency above) and must not hold a lock that stops the
     data path for longer than one batch.  Backends without it make
     ``kvtier inspect``, ``scrub`` and ``purge`` refuse the tier.
+    """
+
+
+# -------------------------------------------------------------------------
+# optional: retention (contract 1.2)
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def kvtier_keep(keys: Sequence[bytes], keep: bool) -> Sequence[bool | None]:
+    """Mark blocks kept (``keep=True``), or release their marks (``keep=False``).
+
+    A **kept** block is never a victim of the backend's capacity or of its
+    tenant's quota while marked: a put that could only fit by evicting kept
+    blocks is refused instead.  Two things still remove it: its expiry
+    (``expire``: expiry wins over keep) and an explicit ``kvtier_evict``.
+    The mark belongs to the block as stored and goes with it: a block stored
+    again after it left is unmarked.  A store shared by processes
+    (``shared=True``) keeps the mark for all of them.
+
+    Marks are bounded by the **retention budget** of the instance's tenant
+    (``keep`` in the tier's ``tenants`` rules, at most its quota; 0 where no
+    rule gives one): the bytes of the tenant's kept blocks, as counted
+    against capacity, never exceed it.  Keeping a block beyond it is refused
+    for that block (the batch is marked in order, so the blocks within the
+    budget are kept) and counted in the backend's figures as
+    ``keep_refused``.
+
+    :param keys: the keys, see the conventions above.
+    :param keep: True to mark, False to release.
+    :return: per key, ``True`` if the block is now kept (``keep``) or not
+        kept (release, whether it was marked or not), ``False`` if marking
+        it was refused for the budget, ``None`` if the key is not stored.
+        Marking a kept block again answers ``True`` and counts it once.
+        A lookup, a get or a scan is no change to the mark.
+
+    Backends without this hook keep nothing: the chain's ``keep`` skips
+    them (docs/tenants.md, "Retention").
     """

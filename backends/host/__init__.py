@@ -20,6 +20,9 @@ capacity: the instances of one group share a store (:mod:`.shared`), and
 ``stats()`` adds the figures of the instance's tenant (``tenant_bytes.<t>``,
 ``tenant_refused.<t>``, ``tenant_evicted.<t>``, ``tenant_expired.<t>``).
 ``expire`` makes blocks expire after their write or unused (:mod:`.store`).
+``kvtier_keep`` marks blocks kept, no victims while marked, within each
+tenant's ``keep`` budget (:mod:`.kept`); ``stats()`` adds ``kept_bytes`` (the
+tenant's), ``kept_blocks`` and ``keep_refused``.
 
 May import :mod:`kvtier.block` (buffers), :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -45,7 +48,7 @@ from kvtier.policies.tenancy import (
     parse_tenants,
 )
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
-from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
+from kvtier.spec.base import Evicted, GetInto, Keep, PutParts, Scan
 from kvtier.spec.shared import CAPACITY, but, eviction
 
 from . import shared
@@ -148,7 +151,7 @@ def _prefault(nbytes: int) -> None:
     del pieces
 
 
-class HostBackend(PutParts, GetInto, Scan):
+class HostBackend(PutParts, GetInto, Scan, Keep):
     """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -249,6 +252,9 @@ class HostBackend(PutParts, GetInto, Scan):
 
     def _evict(self, keys: Sequence[bytes]) -> list[bool]:
         return self._live().evict(self._prefix, keys)
+
+    def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        return self._live().keep(self._prefix, keys, keep)
 
     def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""

@@ -26,6 +26,10 @@ most ``capacity`` bytes kept aside; the oldest go first beyond that).
 that finds it drops it, and every put and get sweeps the blocks due
 (:class:`~kvtier.policies.expiry.ExpiryClock`, which finds them without a
 walk).  An expired block is not handed over as a victim: it is gone.
+
+**Keep.**  A block marked kept (:meth:`HostStore.keep`) is no victim while
+marked, within its tenant's retention budget (:mod:`.kept`); it still
+expires.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from kvtier.policies.expiry import ExpiryClock
 from kvtier.policies.sizing import Sizer
 from kvtier.policies.tenancy import Expiry, TenantRules
 from kvtier.spec.base import Evicted
+
+from .kept import KeptMarks, spare
 
 __all__ = ["PREFIX", "HostStore", "Settings", "prefix_of"]
 
@@ -104,6 +110,7 @@ class HostStore:
         self._aside: dict[bytes, OrderedDict[bytes, bytes]] = {}  # victims owed, per prefix
         self._aside_bytes = 0
         self._private_tenant = tenant
+        self.kept = KeptMarks(capacity)
 
     # instances --------------------------------------------------------------
     def attach(self, prefix: bytes, tenant: str) -> None:
@@ -158,6 +165,8 @@ class HostStore:
                     continue
                 victims, placed = (place(full, size) if place is not None
                                    else (policy.admit(full, size), True))
+                if self.kept.sizes:  # kept blocks are no victims (.kept)
+                    victims, placed = self._spare(full, victims, placed)
                 if victims:
                     self._evicted(prefix, victims, evicted)
                 if not placed:
@@ -215,6 +224,7 @@ class HostStore:
                 gone = self.policy.remove(full)
                 if gone:
                     del self.blocks[full]
+                    self.kept.forget(full)
                     if self.clock is not None:
                         self.clock.forget(full)
                 removed.append(gone)
@@ -254,7 +264,10 @@ class HostStore:
                 "used_bytes": policy.used,
                 "blocks": len(policy),
                 "capacity_bytes": policy.capacity,
-                "evictions": policy.evictions,
+                "evictions": policy.evictions - self.kept.spared,
+                "kept_bytes": self.kept.by_tenant[tenant],
+                "kept_blocks": len(self.kept),
+                "keep_refused": self.kept.refused[tenant],
                 "expired": self.expired,
                 f"tenant_bytes.{tenant}": (policy.used_by(tenant)
                                            if isinstance(policy, Partitioned) else policy.used),
@@ -266,7 +279,38 @@ class HostStore:
                 out.update(self.sizer.stats())
             return out
 
+    def keep(self, prefix: bytes, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        """Mark ``keys`` kept (``keep``) or release them, as ``kvtier_keep`` answers."""
+        tenant = self.tenant(prefix)
+        budget = min(self.settings.rules.rule(tenant).keep, self.limit(tenant))
+        out: list[bool | None] = []
+        with self.lock:
+            now = self._sweep()
+            for key in keys:
+                full = prefix + key
+                if self.clock is not None and full in self.blocks \
+                        and self.clock.expired(full, now):
+                    self._expire(full)  # expiry wins over keep
+                size = self.policy.size(full)
+                if size is None:
+                    out.append(None)
+                elif keep:
+                    out.append(self.kept.mark(full, size, tenant, budget))
+                else:
+                    self.kept.forget(full)
+                    out.append(True)
+        return out
+
     # internals: the caller holds the lock ----------------------------------
+    def _spare(self, full: bytes, victims: list[bytes], placed: bool) -> tuple[list[bytes], bool]:
+        """``victims`` without the kept blocks; the put of ``full`` refused where only
+        kept blocks could make its room (:func:`.kept.spare`)."""
+        victims, placed = spare(self.policy, self.kept, victims,
+                                lambda: self.policy.remove(full))
+        if full in victims:  # the policy took the new block itself for the room
+            victims.remove(full)
+            placed = False
+        return victims, placed
     def _partition_of(self, key: bytes) -> str:
         return self._tenant_of_prefix[key[:PREFIX]]
 
@@ -310,12 +354,14 @@ class HostStore:
     def _expire(self, key: bytes, *, forgotten: bool = False) -> None:
         if self.policy.remove(key):
             del self.blocks[key]
+            self.kept.forget(key)
             self.expired += 1
             self._counts["tenant_expired"][self._tenant_of_key(key)] += 1
         if not forgotten and self.clock is not None:
             self.clock.forget(key)
 
     def _drop(self, key: bytes) -> None:
+        self.kept.forget(key)
         self.policy.remove(key)
         self.blocks.pop(key, None)
         if self.clock is not None:

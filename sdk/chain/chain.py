@@ -35,6 +35,7 @@ from kvtier.chain import catalog
 from kvtier.chain.arguments import byte_views, check_keys, writable
 from kvtier.chain.cost import LoadDecision
 from kvtier.chain.jobs import JobResult, Jobs
+from kvtier.chain.keeping import Retention
 from kvtier.chain.listeners import ChainListener, Listeners
 from kvtier.chain.record import Recorder
 from kvtier.chain.tier import Tier
@@ -68,8 +69,8 @@ def _frames(index: int, offered: list[int]) -> list[framing.Checked | None] | No
     return [None] * len(offered) if index else None
 
 
-class Chain:
-    """An open tier chain.  Thread-safe; use :func:`open_chain` to make one."""
+class Chain(Retention):
+    """An open tier chain (:meth:`keep`: :mod:`.keeping`).  Thread-safe; use :func:`open_chain`."""
 
     def __init__(
         self,
@@ -196,9 +197,9 @@ class Chain:
     def put(self, keys: Sequence[bytes], blocks: Sequence[BytesLike]) -> list[bool]:
         """Store ``blocks[i]`` under ``keys[i]``; True where some tier took it.
 
-        The first tier stores synchronously (blocks it refuses fall through
-        to the next); ``through`` tiers below receive copies asynchronously.
-        The caller may reuse ``blocks`` as soon as this returns.
+        The first tier stores synchronously (blocks it refuses fall through to the
+        next); ``through`` tiers below receive copies asynchronously.  The caller may
+        reuse ``blocks`` as soon as this returns.
         """
         self._check_open()
         keys = check_keys(keys)
@@ -232,11 +233,10 @@ class Chain:
     ) -> list[bool]:
         """Store framed blocks (made by another chain of the same namespace).
 
-        Each blob's header must match this chain's namespace and the key, or
-        it is refused (False).  With ``verify`` false, payload checksums are
-        left to the reads (each tier checks what it reads, unless configured
-        not to), and a ``bytes`` blob is stored uncopied; a blob re-encoded for
-        a tier's codec is checked all the same.  Tiers below follow their policies.
+        Each blob's header must match this chain's namespace and the key, or it is
+        refused (False).  With ``verify`` false, payload checksums are left to the reads
+        (each tier checks what it reads, unless configured not to), and a ``bytes`` blob
+        is stored uncopied; a blob re-encoded for a tier's codec is checked all the same.
         """
         self._check_open()
         keys = check_keys(keys)
@@ -254,7 +254,7 @@ class Chain:
             )
             return flags
 
-        misses = set(self._walk(range(len(keys)), step))
+        misses = set(self._walk(range(len(keys)), step))  # tiers below: by their policies
         return [i not in misses for i in range(len(keys))]
 
     def flush(self, timeout: float | None = None) -> bool:

@@ -79,6 +79,7 @@ class TierStats:
     dropped: int = 0  # asynchronous writes abandoned (tier unhealthy)
     not_admitted: int = 0  # blocks not written here: their keys seen fewer times than admit
     sample_admitted: int = 0  # blocks written here by admit_sample alone: seen too few times
+    keep_refused: int = 0  # keep marks refused: beyond the tenant's retention budget
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     latency: dict[str, LatencyHistogram] = field(default_factory=dict, repr=False)
 

@@ -209,6 +209,17 @@ class BackendHandle:
             raise ContractError(f"backend {_label(self.info)}: kvtier_scan returned None")
         return _checked_scan(batches, _label(self.info))
 
+    def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        """Mark (``keep``) or release ``keys`` (``kvtier_keep``, contract 1.2); a backend
+        without the hook keeps nothing: None (not held there) for every key."""
+        if not keys or not self.implements("kvtier_keep"):
+            return [None] * len(keys)
+        result = self._hook.kvtier_keep(keys=keys, keep=keep)
+        if result is None or len(result) != len(keys):
+            raise ContractError(f"backend {_label(self.info)}: kvtier_keep answered "
+                                f"{result!r} for {len(keys)} keys")
+        return [None if r is None else bool(r) for r in result]
+
 
 def _checked_scan(batches: object, label: str) -> Iterator[list[ScanEntry]]:
     try:

@@ -41,7 +41,8 @@ def test_capabilities_and_initial_stats(eviction: str) -> None:
     assert caps.reports_evictions and caps.eviction == eviction and caps.extra == {}
     stats = dict(handle.stats())
     expected = {"used_bytes": 0, "blocks": 0, "capacity_bytes": 1000, "evictions": 0,
-                "expired": 0, **{f"tenant_{n}.default": 0
+                "expired": 0, "kept_bytes": 0, "kept_blocks": 0, "keep_refused": 0,
+                **{f"tenant_{n}.default": 0
                                  for n in ("bytes", "refused", "evicted", "expired")}}
     if eviction == "arc":
         expected["arc_p"] = 0
