@@ -24,6 +24,7 @@ from writer_process import put_in_another_process
 
 from kvtier.policies.tenancy import TenantRule, TenantRules, parse_tenants
 from kvtier.spec import ConfigError
+from kvtier.testing import BackendTests
 
 NS_A = "a" * 32  # tenant a's namespace
 NS_B = "b" * 32  # tenant b's namespace
@@ -51,6 +52,44 @@ def open_tenant(url: str, tenant: str, namespace: str, **options: Any) -> RedisB
     backend = RedisBackend()
     backend.kvtier_open({"url": url, "tenant": tenant, **options}, namespace)
     return backend
+
+
+# --- the conformance kit on a pool ----------------------------------------------------
+
+
+class TestRedisKitPool(BackendTests):
+    """With ``tenants`` (a pool of the namespaces under the prefix) and ``expire``: the kit's
+    groups, capacity and corruption included, but for recency, which needs LRU over the
+    one namespace (the pool's order is each tenant's, across its namespaces)."""
+
+    backend = "redis"
+
+    @pytest.fixture
+    def backend_options(self, redis_server: RedisServer) -> dict[str, Any]:
+        return {"url": redis_server.url(DB + 1), "prefix": "kitpool", "capacity": "4MiB",
+                "max_block_size": "2MiB", "tenants": {"*": {"weight": 1}}, "expire": "1h"}
+
+    @pytest.fixture(autouse=True)
+    def _fresh_database(self, redis_server: RedisServer) -> Iterator[None]:
+        # the pool spans namespaces: each test starts with it empty
+        with redis.Redis.from_url(redis_server.url(DB + 1)) as client:
+            client.flushdb()
+        yield
+
+    def test_declares_the_pool(self) -> None:
+        assert self.caps.capacity_scope == "pool" and self.caps.capacity == 4 << 20
+
+    def test_each_namespace_counts_its_own_bytes(self) -> None:
+        """Replaces the kit's check: a pool's used_bytes is the pool's (capacity_scope
+        pool), so another namespace's instance sees the put too; its tenant's bytes are
+        counted apart."""
+        other = self.open_backend("f" * 32)
+        before = other.stats()["used_bytes"]
+        blocks = [random.Random(i).randbytes(2000) for i in range(4)]
+        assert self.store.put([b"own-%d" % i for i in range(4)], blocks) == [True] * 4
+        after = other.stats()
+        assert after["used_bytes"] == before + 8000 == self.store.stats()["used_bytes"]
+        assert after["tenant_bytes.default"] == after["used_bytes"]
 
 
 # --- the Lua victim is TenantRules.victim ------------------------------------------
