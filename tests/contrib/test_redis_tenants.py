@@ -312,3 +312,37 @@ def test_on_a_cluster_each_shard_holds_a_tenant_to_its_part_of_the_quota(
         b.kvtier_close()
         raw.close()
         redis_cluster.flush()
+
+
+# --- through the chain ----------------------------------------------------------------
+
+
+def test_a_chain_per_tenant_keeps_each_to_its_quota(url: str, tmp_path: Any) -> None:
+    from kvtier.chain.tenants import open_tenants
+
+    config = tmp_path / "chain.yaml"
+    config.write_text(
+        "version: 1\n"
+        "chain:\n"
+        "  - name: redis\n"
+        "    backend: redis\n"
+        f"    url: {url}\n"
+        "    capacity: 1MiB\n"
+        "    tenants:\n"
+        "      '*': {quota: 200KiB}\n"
+    )
+    quiet_keys = [f"q{i}".encode() for i in range(4)]
+    quiet_blocks = [block(i, 16 * 1024) for i in range(4)]
+    with open_tenants(config, {"model": "tiny-llama", "dtype": "bfloat16"}) as tenants:
+        assert tenants.chain("quiet").put(quiet_keys, quiet_blocks) == [True] * 4
+        noisy = tenants.chain("noisy")
+        for i in range(40):  # 640 KiB: more than three times its quota
+            assert noisy.put([f"n{i}".encode()], [block(100 + i, 16 * 1024)]) == [True]
+        assert noisy.flush(timeout=30)
+        assert tenants.chain("quiet").get_bytes(quiet_keys) == quiet_blocks
+        figures = tenants.stats()["tenants"]
+        assert figures["noisy"]["tiers"]["redis"]["evictions"] >= 27
+        assert figures["quiet"]["tiers"]["redis"]["evictions"] == 0
+        redis_stats = noisy.stats()["tiers"][0]["backend_stats"]
+        assert redis_stats["tenant_bytes.noisy"] <= 200 * 1024
+        assert redis_stats["tenant_bytes.quiet"] > 4 * 16 * 1024  # framed: a header more
