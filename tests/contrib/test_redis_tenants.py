@@ -314,6 +314,29 @@ def test_on_a_cluster_each_shard_holds_a_tenant_to_its_part_of_the_quota(
         redis_cluster.flush()
 
 
+def test_on_a_cluster_other_rules_are_refused_and_expired_blocks_counted_off(
+    redis_cluster: Any,
+) -> None:
+    options = {"cluster": True, "prefix": "tx", "shards": 3, "capacity": "1MiB",
+               "tenants": {"*": "30000"}, "expire": "300ms"}
+    a = open_tenant(redis_cluster.url, "a", NS_A, **options)
+    try:
+        with pytest.raises(ConfigError, match=r'"\*":\[30000,.*"\*":\[40000,') as raised:
+            open_tenant(redis_cluster.url, "b", NS_B, **{**options, "tenants": {"*": "40000"}})
+        assert raised.value.key == "tenants"
+        keys = [f"e{i}".encode() for i in range(12)]
+        assert a.kvtier_put(keys, [block(i, 500) for i in range(12)], []) == [True] * 12
+        assert a.kvtier_stats()["tenant_bytes.a"] == 6000
+        time.sleep(0.5)
+        assert a.kvtier_get(keys) == [None] * 12
+        stats = a.kvtier_stats()  # every shard swept
+        assert stats["tenant_bytes.a"] == 0 and stats["used_bytes"] == 0
+        assert stats["tenant_expired.a"] == 12 and stats["blocks"] == 0
+    finally:
+        a.kvtier_close()
+        redis_cluster.flush()
+
+
 # --- through the chain ----------------------------------------------------------------
 
 
