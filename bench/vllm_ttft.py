@@ -40,7 +40,8 @@ the compute after it).  After each ``kvtier-fs`` run the script reads the
 same bytes itself with O_DIRECT, 4 MiB requests, from one file of their size
 and from the tier's block files, on 1, 4 and 16 threads.  The floor is the
 fastest one-file read plus the hit's compute; the script prints the median
-hit TTFT over the floor, the breakdown as a text chart, and a PNG of it
+hit TTFT over the floor, and the breakdown as a text chart; it writes the
+chart as an SVG to ``bench/charts/vllm-ttft-phases.svg``, and as a PNG
 (``vllm-ttft-phases.png`` in the work folder) where matplotlib is installed.
 ``--torch-copy`` adds ``kvtier-fs-torch-copy``: the same tier with the CPU
 worker copying with torch's ``copy_`` (its copy before numpy's).
@@ -68,6 +69,7 @@ from ttft_phases import (
     object_read,
     one_file,
     pieces,
+    svg_chart,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -97,12 +99,12 @@ def child(args: argparse.Namespace) -> None:
             extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
         if args.mode in ("store", "kvtier-fs", TORCH_COPY):
             extra["kvtier_config"] = args.kvtier_config
+        if args.mode == "kvtier-object":
+            extra["kvtier_config"] = args.kvtier_object_config
     if args.mode == TORCH_COPY:  # the CPU worker's copies as torch's copy_ made them
         from kvtier.contrib.vllm import worker
 
         worker._copy = lambda dst, src: dst.copy_(src)
-        if args.mode == "kvtier-object":
-            extra["kvtier_config"] = args.kvtier_object_config
     llm = LLM(
         **engine_args(args.model, args.tokens),
         kv_transfer_config=(
@@ -346,11 +348,13 @@ def report_phases(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]
     if not rows:
         return
     print("\n" + ascii_chart(rows))
+    title = f"{args.tokens}-token hit, vLLM {_vllm_version()} CPU (median ms)"
+    svg = HERE / "charts" / "vllm-ttft-phases.svg"
+    svg.write_text(svg_chart(rows, title))
+    print(f"chart: {svg}")
     png = work / "vllm-ttft-phases.png"
-    if draw(png, rows, f"{args.tokens}-token hit, vLLM {_vllm_version()} CPU"):
+    if draw(png, rows, title):
         print(f"chart: {png}")
-    else:
-        print("no PNG chart: matplotlib is not installed (pip install 'kvtier[bench]')")
 
 
 def _vllm_version() -> str:
