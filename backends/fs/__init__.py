@@ -66,7 +66,7 @@ from .layout import NAMESPACE_RE, Store
 from .local import LocalStore
 from .open import open_store, redact
 from .options import OPTIONS
-from .pool_capacity import open_capacity
+from .pool_capacity import KeepMarks, open_capacity
 from .readonly import ReadOnlyStore
 from .room import Capacity, ProcessCapacity
 from .scan import scan_store
@@ -79,7 +79,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class FsBackend(PutParts, GetInto, Scan):
+class FsBackend(PutParts, GetInto, Scan, KeepMarks):
     """Blocks as files under a local directory or any fsspec URL.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;

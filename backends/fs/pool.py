@@ -60,6 +60,7 @@ from .pool_db import IndexReplaced, IndexSession, wal_limit
 from .pool_dead import ROW as _ROW
 from .pool_evictor import Evictor, Pick
 from .pool_files import ALLOWANCE, own_files_bytes
+from .pool_keep import KeptRows
 from .pool_options import DB_NAME, POOL_OPTIONS, parse_min_free
 from .pool_policy import PoolPolicy, Row, prepare
 from .pool_stats import pool_stats
@@ -108,6 +109,7 @@ class SharedPool:
         self._quota_bound = False  # the last round of a put: its tenant's quota bound it
         # the tenants' quotas and shares (.pool_tenants); no rules: the pool's order alone
         self.tenancy = tenants or PoolTenants(TenantRules(), DEFAULT_TENANT)
+        self.kept = KeptRows(self.tenancy.rules, self.tenancy.tenant, capacity)  # kvtier_keep
         self.journal = Journal(root, self.me)  # the keys it may be writing (.pool_writers)
         self._last_put = self._flushed = 0.0
         self._lock = threading.Lock()  # the credit's; never held during I/O
@@ -566,6 +568,20 @@ class SharedPool:
                                  "RETURNING size", (self.ns, key)).fetchall()
                 if row:
                     self._add(db, self.ns, -row[0][0], 0)
+                self.kept.forget(db, self.ns, key)
+
+    def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        """Mark ``keys`` kept, or release them, for every process (:mod:`.pool_keep`)."""
+        try:
+            return self._keep(keys, keep)
+        except IndexReplaced:
+            return self._keep(keys, keep)  # in the new index, as forget
+
+    def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        with self._txn() as db:
+            self._flush(db, spare=False)  # the writes landed get rows to mark
+            mine = self.tenancy.namespaces(db, self.tenancy.tenant, "*")
+            return self.kept.mark(db, self.ns, mine, keys, keep)
 
     def stats(self) -> dict[str, int]:
         """The scope's truth, beside this process's own share (:mod:`.pool_stats`)."""

@@ -4,6 +4,14 @@ the choice, at open, between it and this process's own count (:func:`open_capaci
 :class:`PoolCapacity` hands the backend's calls to the pool (:class:`~.pool.SharedPool`)
 and does the file work the pool asks of the store: deleting its victims, of any
 namespace of the root, and counting again a file an explicit evict could not delete.
+
+:class:`KeepMarks` is the backend's ``kvtier_keep``: under the pool, a mark is a row
+of the index's ``kept`` table (:mod:`.pool_keep`), seen by every process on the
+root, so no process evicts a kept block and the tenant's ``keep`` budget holds for
+all of them together.  Without the pool (a remote root, ``capacity_scope:
+process``, a network filesystem, no ``capacity`` nor ``min_free`` nor quota) the
+tier keeps no marks: None for every key, and a chain's ``keep`` goes on with its
+other tiers (docs/tenants.md, "Retention").
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any
 
 from kvtier.block.namespace import DEFAULT_TENANT
 from kvtier.policies.tenancy import parse_tenants
+from kvtier.spec.base import Keep
 
 from .capacity import Ledger
 from .layout import Store
@@ -27,7 +36,7 @@ from .room import Capacity, Drop, ProcessCapacity
 
 log = logging.getLogger("kvtier.backends.fs")
 
-__all__ = ["PoolCapacity", "open_capacity"]
+__all__ = ["KeepMarks", "PoolCapacity", "open_capacity"]
 
 
 def open_capacity(store: Store, options: Mapping[str, Any], namespace: str) -> Capacity:
@@ -123,6 +132,9 @@ class PoolCapacity:
             os.close(fd)
         return True
 
+    def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        return self.pool.keep(keys, keep)
+
     def snapshot_at_close(self) -> bool:
         return self.pool.alone()
 
@@ -131,3 +143,15 @@ class PoolCapacity:
 
     def close(self) -> None:
         self.pool.close()
+
+
+class KeepMarks(Keep):
+    """Mixin of :class:`~kvtier.backends.fs.FsBackend`: ``kvtier_keep`` (module docstring)."""
+
+    _capacity: Capacity
+
+    def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        capacity = self._capacity
+        if not isinstance(capacity, PoolCapacity):
+            return [None] * len(keys)
+        return capacity.keep(keys, keep)

@@ -41,6 +41,8 @@ from kvtier.block.namespace import Namespace
 from kvtier.policies import S3Fifo, supported
 from kvtier.spec import ConfigError
 
+from .pool_keep import NOT_KEPT
+from .pool_keep import SCHEMA as KEPT_SCHEMA
 from .pool_writers import alive
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -68,8 +70,8 @@ CREATE TABLE IF NOT EXISTS ghosts(
     ns TEXT NOT NULL, key BLOB NOT NULL, weight INTEGER NOT NULL, seq INTEGER NOT NULL,
     PRIMARY KEY (ns, key)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ghosts_fifo ON ghosts(seq);
-CREATE INDEX IF NOT EXISTS ghosts_ns_fifo ON ghosts(ns, seq)
-"""
+CREATE INDEX IF NOT EXISTS ghosts_ns_fifo ON ghosts(ns, seq);
+""" + KEPT_SCHEMA
 #: The columns S3-FIFO adds to ``blocks``; an index from before them gets them at open.
 _COLUMNS = {"queue": "INTEGER NOT NULL DEFAULT 0", "freq": "INTEGER NOT NULL DEFAULT 0",
             "seq": "INTEGER NOT NULL DEFAULT 0"}
@@ -91,10 +93,11 @@ _CHEAP_S = 1e-3  # ... unless the last count took less than this: then at every 
 CATALOG_NS = Namespace(model="kvtier/catalog").hex
 #: A descriptor is no victim while its namespace has blocks, or a process holding it
 #: open (its first blocks may be in flight): without it ``kvtier inspect`` cannot name
-#: their model, and ``kvtier purge --model`` cannot find them.
+#: their model, and ``kvtier purge --model`` cannot find them.  Nor is a block marked
+#: kept (:mod:`.pool_keep`).
 _KEPT = (f"NOT (blocks.ns = '{CATALOG_NS}' AND (EXISTS (SELECT 1 FROM blocks AS b "
          "WHERE b.ns = lower(hex(blocks.key))) OR EXISTS (SELECT 1 FROM writers AS w "
-         "WHERE w.ns = lower(hex(blocks.key)))))")
+         f"WHERE w.ns = lower(hex(blocks.key))))) AND {NOT_KEPT}")
 
 
 def prepare(db: sqlite3.Connection, eviction: str, root: str, ns: str,

@@ -21,7 +21,7 @@ from .pool_db import IndexReplaced
 if TYPE_CHECKING:
     from .pool import SharedPool
 
-__all__ = ["pool_stats"]
+__all__ = ["kept_figures", "pool_stats"]
 
 Figures = tuple[int, int, int, tuple[int, int, int], dict[str, int]]
 
@@ -60,4 +60,19 @@ def pool_stats(pool: SharedPool) -> dict[str, int]:
     if pool.capacity is not None:
         out["pool_capacity_bytes"] = out["capacity_bytes"] = pool.capacity
     out.update(tenants)
+    out.update(kept_figures(pool))
     return out
+
+
+def kept_figures(pool: SharedPool) -> dict[str, int]:
+    """The bytes of the kept blocks of this tier's tenant, every process's, and the marks
+    this process refused (:mod:`.pool_keep`)."""
+    def kept(db: sqlite3.Connection) -> int:
+        mine = pool.tenancy.namespaces(db, pool.tenancy.tenant, "*")
+        return pool.kept.kept_bytes(db, [*mine, pool.ns])
+
+    try:
+        kept_bytes = pool.session.read(kept)
+    except IndexReplaced:
+        kept_bytes = pool.session.read(kept)
+    return {"kept_bytes": kept_bytes, "keep_refused": pool.kept.refused}
