@@ -12,23 +12,21 @@ cache, :mod:`kvtier.backends.fs.direct`).  Other URLs (``memory://``,
 (:mod:`kvtier.backends.fs.remote`).
 
 The filesystem is the authority.  This process keeps an index (key -> size,
-in the order of its ``eviction`` policy, :mod:`kvtier.backends.fs.capacity`) to
-enforce the capacity and answer lookups without a stat, but a key missing from
-it is still looked for on disk, so several processes can share one directory.  The index is rebuilt
-at open from the file a local tier leaves at close
-(:mod:`kvtier.backends.fs.index`), or by walking the tree.  On a local root
-opened with ``capacity`` or ``min_free`` the bounds are kept by a shared index
-instead (:mod:`kvtier.backends.fs.pool`), one for every process on the root;
-this process's index then only answers lookups.  Either way the backend calls
-one interface, :class:`~kvtier.backends.fs.room.Capacity` (:mod:`.room`).
+in the order of its ``eviction`` policy, :mod:`.capacity`) to enforce the
+capacity and answer lookups without a stat, but a key missing from it is still
+looked for on disk, so several processes can share one directory.  The index
+is rebuilt at open from the file a local tier leaves at close (:mod:`.index`),
+or by walking the tree.  On a local root opened with ``capacity`` or
+``min_free`` a shared index keeps the bounds instead (:mod:`.pool`), one for
+every process on the root; this process's index then only answers lookups.
+Either way the backend calls one interface, :class:`.room.Capacity`.
 
 The rest of the package: :mod:`.options` declares the options, :mod:`.open`
 picks the store a URL gets, :mod:`.faults` tells a block's fault from the
-tier's, :mod:`.scan` lists the blocks for ``kvtier_scan``, and :mod:`.readonly`
-is a root opened to be read, writing nothing.  A batch is spread over the I/O
-threads by :func:`kvtier.spec.run_batch`.  Online sizing
-(:mod:`kvtier.policies.sizing`) sees this process's gets and puts: under a
-shared pool, each process estimates from its own traffic.
+tier's, :mod:`.scan` lists the blocks for ``kvtier_scan``, :mod:`.readonly` is
+a root opened to be read, writing nothing, and :mod:`.expiry` does ``expire``.
+:func:`kvtier.spec.run_batch` spreads a batch over the I/O threads.  Online
+sizing sees this process's gets and puts (under a pool, its own traffic).
 
 May import :mod:`kvtier.policies`, :mod:`kvtier.block`, :mod:`kvtier.config`,
 :mod:`kvtier.plugins` and :mod:`kvtier.spec`.
@@ -60,6 +58,7 @@ from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
 
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
+from .expiry import Expirer
 from .faults import BlockFaults
 from .index import load_tree, save_or_warn
 from .layout import NAMESPACE_RE, Store
@@ -130,6 +129,7 @@ class FsBackend(PutParts, GetInto, Scan, KeepMarks):
         if isinstance(store, LocalStore) and options["direct_io"]:
             store.direct_min = DIRECT_MIN
         store = ReadOnlyStore(store, self._url) if read_only else store
+        self._expirer = Expirer(store, options, self._evict)  # expire: wraps the store's reads
         try:
             store.create_root()
             store.probe()
@@ -198,7 +198,7 @@ class FsBackend(PutParts, GetInto, Scan, KeepMarks):
             if ledger.capacity is not None:
                 stats["capacity_bytes"] = ledger.capacity
         stats.update(self._capacity.stats())  # the pool's truth, where one counts
-        stats.update(self._sizing.stats())
+        stats.update(self._sizing.stats(), **self._expirer.stats())
         return stats
 
     def _close(self) -> None:
@@ -244,6 +244,7 @@ class FsBackend(PutParts, GetInto, Scan, KeepMarks):
                       sizes: list[int], evicted: Evicted) -> list[bool]:
         if isinstance(self._store, ReadOnlyStore):
             return [False] * len(keys)
+        self._expirer.sweep()  # expired blocks leave before new ones take room
         capacity = self._capacity
         if len(keys) == 1 and not capacity.shared:  # the ledger alone decides
             done = self._put_one(keys[0], parts[0], sizes[0])
@@ -512,6 +513,7 @@ class FsBackend(PutParts, GetInto, Scan, KeepMarks):
     def _touch(self, keys: Sequence[bytes]) -> tuple[list[bool], int]:
         """Mark indexed keys as just used; answer which were indexed, and the
         deletions so far (for :meth:`_reconcile`)."""
+        self._expirer.sweep()
         with self._lock:
             if not self.is_open:
                 raise self.closed_error()

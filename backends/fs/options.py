@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvtier.policies.sizing import SIZING_OPTION
-from kvtier.policies.tenancy import TENANT_OPTION, TENANTS_OPTION
+from kvtier.policies.tenancy import EXPIRE_OPTION, TENANT_OPTION, TENANTS_OPTION
 from kvtier.spec import Option
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, but, eviction
 
@@ -77,5 +77,6 @@ OPTIONS: Mapping[str, Option] = {
     # process elsewhere (min(capacity, quota), .room)
     "tenants": TENANTS_OPTION,
     "tenant": TENANT_OPTION,
+    "expire": EXPIRE_OPTION,  # blocks expire after their write, or unused (.expiry)
     **POOL_OPTIONS,
 }

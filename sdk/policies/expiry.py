@@ -34,6 +34,9 @@ class ExpiryClock(Generic[K]):
     def __len__(self) -> int:
         return len(self._written or self._used)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._written or key in self._used
+
     def wrote(self, key: K, now: float) -> None:
         """``key`` was stored at ``now`` (a new block: it is a use too)."""
         if self.after is not None:

@@ -158,7 +158,7 @@ def test_capabilities_and_options(url: str, opener: Opener) -> None:
     assert set(opts) == {
         "url", "capacity", "create", "fsync", "io_threads", "direct_io", "storage_options",
         "capacity_scope", "min_free", "pool_lease", "sizing_sample", "eviction", "read_only",
-        "tenants", "tenant",
+        "tenants", "tenant", "expire",
     }
     # the names a file writes: io_threads is concurrency, pool_lease timeout,
     # and pool is folded into capacity_scope (docs/settings.md)
