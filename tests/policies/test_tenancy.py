@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from kvtier.policies.tenancy import (
@@ -92,3 +94,29 @@ def test_the_giver_is_never_a_tenant_within_its_share() -> None:
     assert rules.giver({"a": 50, "b": 0}, 100, "b", 60) is None
     # the writer holding blocks gives its own
     assert rules.giver({"a": 50, "b": 40}, 100, "b", 60) == "b"
+
+
+def _victim_as_written(rules: TenantRules, held: dict[str, int], capacity: int, writer: str,
+                       size: int) -> str:
+    """The victim rule as the module docstring says it, written plainly (the model)."""
+    tenants = {t for t, n in held.items() if n > 0} | {writer}
+    shares = rules.shares(tenants, capacity)
+
+    def beyond(tenant: str) -> tuple[int, bool]:
+        mine = held.get(tenant, 0) + (size if tenant == writer else 0)
+        return mine - shares[tenant], tenant == writer
+
+    return max(sorted(tenants), key=beyond)
+
+
+def test_the_victim_is_the_model_s_on_random_tiers() -> None:
+    rng = random.Random(39)
+    rules = parse_tenants({"a": {"quota": 300}, "b": {"weight": 3}, "*": {"weight": 1}})
+    for _ in range(2000):
+        held = {t: rng.choice([0, 0, 50, 100, 250, 400]) for t in "abcd"}
+        writer, size = rng.choice("abcde"), rng.choice([1, 50, 200])
+        want = _victim_as_written(rules, held, 1000, writer, size)
+        assert rules.victim(held, 1000, writer, size) == want, (held, writer, size)
+    shares = rules.shares("abc", 1000)
+    shares["a"] = 0  # a caller's copy: the remembered shares stay
+    assert rules.shares("abc", 1000)["a"] == 300
