@@ -16,11 +16,11 @@ SOURCES = [p for folder in ("sdk", "spec", "backends") for p in (ROOT / folder).
 #: name -> the module that defines it; every other module imports it
 HOMES = {
     "FORMAT_VERSION": "sdk/block/namespace.py",
-    "ALIGN": "sdk/block/framing.py",
-    "ALIGN_MIN": "sdk/block/framing.py",
-    "CODECS": "sdk/block/framing.py",
-    "SHUFFLE_WIDTHS": "sdk/block/framing.py",
-    "ZSTD_LEVELS": "sdk/block/framing.py",
+    "ALIGN": "sdk/block/header.py",
+    "ALIGN_MIN": "sdk/block/header.py",
+    "CODECS": "sdk/block/header.py",
+    "SHUFFLE_WIDTHS": "sdk/block/header.py",
+    "ZSTD_LEVELS": "sdk/block/header.py",
 }
 
 
