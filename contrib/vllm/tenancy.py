@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.block.namespace import DEFAULT_TENANT, Namespace, check_tenant
+from kvtier.chain import Chain
 from kvtier.chain.tenant_router import TenantRouter, qualify
 from kvtier.chain.tenants import Tenants
 from kvtier.config import ChainConfig
@@ -78,7 +79,7 @@ class TenantRouting:
         self._tenants = Tenants(config, namespace, shared=shared, job_workers=job_workers)
         self.router = TenantRouter(self._chain_of, retry_after=retry_after)
 
-    def open_own(self) -> Any:
+    def open_own(self) -> Chain:
         """The configured tenant's chain, opened now, among the other tenants' (an
         in-process tier shares its capacity between them)."""
         chain = self._tenants.chain(self.tenant)
