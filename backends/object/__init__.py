@@ -32,7 +32,8 @@ oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index; :mod:`.tenancy` the
-tenant's bound, expiry and figures.
+tenant's bound, expiry and figures; :mod:`.reads` the obstore client and the
+reads straight into a caller's buffers (``kvtier_get_into``).
 
 May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -47,8 +48,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
@@ -67,15 +68,13 @@ from kvtier.spec import (
     first_positions,
     map_batch,
 )
-from kvtier.spec.base import Evicted, Scan
+from kvtier.spec.base import Evicted, GetInto, Scan
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but, eviction
 
-from .faults import Bucket, first_line
+from .faults import Bucket
 from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex
+from .reads import Scatter, read_into, s3_store
 from .tenancy import TENANCY_OPTIONS, Tenancy
-
-if TYPE_CHECKING:
-    from obstore.store import S3Config
 
 __all__ = ["ObjectBackend"]
 
@@ -99,11 +98,6 @@ def _check_prefix(value: Any) -> None:
     parts = str(value).strip("/").split("/")
     if value and str(value).strip("/") and any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"expected a key prefix such as kv/cache, got {value!r}")
-
-
-def _check_n(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"expected a whole number >= 1, got {value!r}")
 
 
 OPTIONS: Mapping[str, Option] = {
@@ -132,7 +126,7 @@ _NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
 _NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
 
 
-class ObjectBackend(Scan):
+class ObjectBackend(Scan, GetInto):
     """Blocks as objects in an S3-compatible bucket."""
 
     name = "object"
@@ -189,7 +183,7 @@ class ObjectBackend(Scan):
         self._cache.ttl, self._capacity = options["lookup_cache_ttl"], self._tenancy.bound
         self._max_age, self._scan_interval = self._tenancy.after, options["scan_interval"]
         self._eviction = options["eviction"]
-        store = self._s3_store(options)
+        store = s3_store(options, self._bucket)
         # fifo: gets and puts of a key held are no use, LRU without uses is FIFO
         fifo = self._eviction == "fifo"
         self._sizing.start(self._capacity, options["sizing_sample"], recency=not fifo,
@@ -208,47 +202,6 @@ class ObjectBackend(Scan):
             self._store = store
             self._concurrency = options["concurrency"]
             self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="kvtier-object")
-
-    def _s3_store(self, options: Mapping[str, Any]) -> S3Store:
-        """The obstore client for ``options``; ConfigError if obstore rejects them."""
-        endpoint = options["endpoint"]
-        config: S3Config = {"region": options["region"]}
-        if endpoint:
-            config["endpoint"] = endpoint
-        # explicit keys win; without them obstore reads AWS_* from the environment
-        if options["access_key_id"]:
-            config["access_key_id"] = options["access_key_id"]
-        if options["secret_access_key"]:
-            config["secret_access_key"] = options["secret_access_key"]
-        allow_http = options["allow_http"]
-        timeout = timedelta(seconds=options["request_timeout"])
-        try:
-            return S3Store(
-                options["bucket"],
-                config=config,
-                client_options={
-                    "allow_http": bool(endpoint and endpoint.startswith("http://"))
-                    if allow_http is None
-                    else bool(allow_http),
-                    "timeout": timeout,
-                    "connect_timeout": timedelta(seconds=options["connect_timeout"]),
-                },
-                # object_store retries 10 times for up to 3 minutes by default;
-                # a dead server must become a fault within about one request
-                # timeout so that the chain skips the tier instead of hanging
-                retry_config={
-                    "max_retries": 2,
-                    "retry_timeout": timeout,
-                    "backoff": {
-                        "init_backoff": timedelta(milliseconds=50),
-                        "max_backoff": timedelta(seconds=1),
-                        "base": 2,
-                    },
-                },
-            )
-        except Exception as exc:  # obstore checks the configuration here, without I/O
-            detail = self._bucket.scrub(first_line(exc))
-            raise ConfigError(f"{self._bucket.where}: {detail}") from None
 
     def _capabilities(self) -> Capabilities:
         return Capabilities(
@@ -360,41 +313,53 @@ class ObjectBackend(Scan):
     def _get(self, keys: Sequence[bytes]) -> Sequence[BytesLike | None]:
         store = self._live_store()
         unique = list(first_positions(keys))
-        stale: list[bytes] = []  # expired, found by this get
-        now = time.time()
 
-        def fetch(key: bytes) -> memoryview | None:
+        def fetch(key: bytes) -> tuple[memoryview, datetime] | None:
             try:
                 got = obstore.get(store, self._path(key))
             except FileNotFoundError:
                 return None
-            if self._tenancy.expired(got.meta["last_modified"], now):
-                stale.append(key)
-                return None
             # obstore's Bytes is a read-only buffer: a view of it costs no copy
-            return memoryview(got.bytes())
+            return memoryview(got.bytes()), got.meta["last_modified"]
 
-        outcomes = self._map(fetch, unique)
-        if stale:
-            self._expire(store, stale)
-        found: dict[bytes, memoryview | None] = {}
+        found = dict(zip(unique, self._map(fetch, unique)))
+        return self._settle(store, keys, [found[k] for k in keys])
+
+    def _get_into(self, keys: Sequence[bytes], buffers: Scatter) -> Sequence[int | None]:
+        store = self._live_store()  # each position read: a repeated key fills each's buffers
+        reads = self._map(lambda i: read_into(store, self._path(keys[i]), buffers[i]),
+                          range(len(keys)))
+        return self._settle(store, keys, reads)
+
+    def _settle(self, store: S3Store, keys: Sequence[bytes],
+                reads: Sequence[tuple[T, datetime] | Failed[Exception] | None]) -> list[T | None]:
+        """Reads per key as answers: an expired object is a miss (and deleted), a block
+        found is a use; the first failure raised once the others are counted."""
+        answers: list[T | None] = []
+        stale: dict[bytes, None] = {}  # expired, found by this read
         failure: Exception | None = None
+        now = time.time()
         with self._lock:
-            for key, out in zip(unique, outcomes):
+            for key, out in zip(keys, reads):
                 if isinstance(out, Failed):
                     failure = failure or out.exc
+                    answers.append(None)
                     continue
-                found[key] = out
+                if out is not None and self._tenancy.expired(out[1], now):
+                    stale[key], out = None, None
+                answers.append(None if out is None else out[0])
                 self._cache.remember(key, out is not None)
             if failure is None and self._index is not None:
-                # each get of a block found is a use, a repeated key as often (as sizing counts)
-                for key in keys:
-                    if found[key] is not None:
+                # each read of a block found is a use, a repeated key as often (as sizing counts)
+                for key, answer in zip(keys, answers):
+                    if answer is not None:
                         self._index.access(key)
+        if stale:
+            self._expire(store, list(stale))
         if failure is not None:
             raise self._bucket.fault(failure, "get") from failure
         self._sizing.got(keys)
-        return [found[k] for k in keys]
+        return answers
 
     def _lookup(self, keys: Sequence[bytes]) -> Sequence[bool]:
         store = self._live_store()
