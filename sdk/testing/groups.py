@@ -50,6 +50,7 @@ GROUPS: tuple[str, ...] = (
     "stateful",
     "lifecycle",
     "scan",
+    "keep",
     "framed",
 )
 
@@ -137,6 +138,7 @@ GATES: Mapping[str, Gate] = {
         lambda caps, hooks: RAW_ACCESS in hooks,
     ),
     "scan": implements("kvtier_scan"),
+    "keep": implements("kvtier_keep"),
     "framed": declares("framed_only"),
 }
 

@@ -48,6 +48,7 @@ AFTER_CLOSE: dict[str, Callable[[BackendHandle, KitBase], object]] = {
     "kit_tamper": lambda h, kit: _own_tamper(h)(_KEY, lambda b: b),
     # the call itself raises, not the first batch (spec: kvtier_scan)
     "kvtier_scan": lambda h, kit: h.scan(None),
+    "kvtier_keep": lambda h, kit: h.keep([_KEY], True),
 }
 
 

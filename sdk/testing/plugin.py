@@ -24,6 +24,7 @@ _KIT_MODULES = (
     "persistence",
     "put_get",
     "scan",
+    "keep",
     "stateful",
     "suite",
 )

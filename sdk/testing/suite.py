@@ -8,6 +8,7 @@ from .corruption import CorruptionTests
 from .crash import CrashSafetyTests
 from .framed import FramedTests
 from .instances import InstanceTests
+from .keep import KeepTests
 from .lifecycle import LifecycleTests
 from .lookup_evict import EvictTests, LookupTests
 from .persistence import PersistenceTests
@@ -35,6 +36,7 @@ class BackendTests(
     LifecycleTests,
     InstanceTests,
     ScanTests,
+    KeepTests,
     FramedTests,
 ):
     """The conformance kit: subclass it as ``Test...`` in a test module.

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kvtier.testing import BackendTests
+from kvtier.testing.keep import KeepTests
 
 
 class TestHostLru(BackendTests):
@@ -39,3 +40,15 @@ class TestHostS3Fifo(BackendTests):
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:
         return {"capacity": "2MiB", "eviction": "s3fifo", "max_block_size": "1MiB"}
+
+
+class TestHostKeep(KeepTests):
+    """The kit's ``keep`` group alone, with a keep budget: a block kept under pressure (a
+    ``tenants`` rule puts a host tier's namespaces in one capacity, which the kit's other
+    groups do not expect of a tier opened alone)."""
+
+    backend = "host"
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"capacity": "2MiB", "tenants": {"*": {"keep": "512KiB"}}}
