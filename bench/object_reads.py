@@ -1,0 +1,113 @@
+"""A chain's read of an ``object`` tier against a raw obstore read of the same objects.
+
+    python bench/object_reads.py [--blocks 64] [--size-mib 2] [--reads 7] [--threads 16]
+
+Starts a SeaweedFS (``tests/support/seaweed.py``), stores ``--blocks`` random blocks
+through a chain with one ``object`` tier, then, ``--reads`` times, interleaved:
+
+- ``raw``: obstore GETs of the tier's own objects on ``--threads`` threads, each body
+  as one ``Bytes`` (no copy, no check): the medium's rate through the same client;
+- ``get``: ``Chain.get`` by the backend's ``get`` (whole objects, then each checked and
+  copied into the caller's buffer once all have landed): the path before ``get_into``;
+- ``get_into``: ``Chain.get`` straight into the caller's buffers, in runs, each checked
+  as it lands (:mod:`kvtier.chain.scatter`);
+- ``lookup``: ``Chain.lookup`` of the batch by a chain without a presence cache.
+
+Prints each one's median in ms.  Every block read is compared with what was stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import obstore
+from obstore.store import S3Store
+
+from kvtier import Namespace, open_chain
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+from seaweed import SeaweedServer  # the tests' server, found through the path
+
+NS = Namespace("object-reads", dtype="float32", tokens_per_block=32)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=64)
+    parser.add_argument("--size-mib", type=int, default=2)
+    parser.add_argument("--reads", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=16)
+    args = parser.parse_args()
+    size = args.size_mib << 20
+    keys = [b"object-read-%04d" % i for i in range(args.blocks)]
+    payloads = [os.urandom(size) for _ in keys]
+    with tempfile.TemporaryDirectory() as work, SeaweedServer(Path(work)) as server:
+        bucket = server.make_bucket(f"reads-{os.getpid()}")
+        tier = {"name": "s3", "backend": "object", "endpoint": server.endpoint,
+                "bucket": bucket, "access_key_id": server.access_key,
+                "secret_access_key": server.secret_key, "concurrency": args.threads}
+        config = {"chain": [tier]}
+        raw_store = S3Store(bucket, config={"endpoint": server.endpoint, "region": server.region,
+                                            "access_key_id": server.access_key,
+                                            "secret_access_key": server.secret_key},
+                            client_options={"allow_http": True})
+        threads = ThreadPoolExecutor(args.threads)
+        memory = mmap.mmap(-1, len(keys) * size)  # page-aligned, as an engine's KV rows are
+        view = memoryview(memory)
+        outs = [view[i * size : (i + 1) * size] for i in range(len(keys))]
+        with open_chain(config, namespace=NS) as chain:
+            assert all(chain.put(keys, payloads))
+            names = {k.hex() for k in keys}  # the blocks' objects, not the chain's own record
+            paths = [p["path"] for chunk in obstore.list(raw_store, None) for p in chunk
+                     if p["path"].rsplit("/", 1)[-1] in names]
+            assert len(paths) == len(keys), paths[:3]
+            scatter = chain.tiers[0]
+            by_get = type(scatter)._reads_direct
+
+            def raw() -> None:
+                got = list(threads.map(lambda p: obstore.get(raw_store, p).bytes(), paths))
+                assert sum(len(b) for b in got) >= len(keys) * size
+
+            def read(direct: bool) -> Callable[[], None]:
+                def run() -> None:
+                    scatter._reads_direct = (  # type: ignore[method-assign]
+                        (lambda: by_get(scatter)) if direct else (lambda: False))
+                    assert all(chain.get(keys, outs))
+                return run
+
+            uncached = open_chain({"chain": [{**tier, "lookup_cache_ttl": 0}]}, namespace=NS)
+
+            def lookup() -> None:
+                assert uncached.lookup(keys) == [0] * len(keys)
+
+            runs: dict[str, Callable[[], None]] = {
+                "raw": raw, "get": read(False), "get_into": read(True), "lookup": lookup}
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            for _ in range(args.reads):
+                for name, fn in runs.items():
+                    for out in outs:
+                        out[:8] = b"\0" * 8  # a stale buffer cannot pass for a read
+                    start = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - start)
+                    if name in ("get", "get_into"):
+                        assert all(bytes(o) == p for o, p in zip(outs, payloads)), name
+            uncached.close()
+        threads.shutdown()
+    medians = {name: 1000 * statistics.median(t) for name, t in times.items()}
+    print(f"{len(keys)} objects of {args.size_mib} MiB, {args.threads} threads, "
+          f"median of {args.reads}: " + ", ".join(f"{n} {ms:.1f} ms" for n, ms in medians.items())
+          + f"; get_into/raw {medians['get_into'] / medians['raw']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
