@@ -4,6 +4,7 @@ the caller's buffers, and a chain's scatter reads through it (checked as each ru
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,3 +100,22 @@ def test_a_chain_reads_runs_through_get_into_and_misses_a_truncated_block(
             if found[i]:
                 assert bytes(out) == want
         assert len(calls) > 1 and sum(calls) == 12  # the batch went out in runs
+
+
+def test_an_expired_object_is_a_miss_and_deleted(s3_server: SeaweedServer, bucket: str) -> None:
+    opts = object_options(s3_server, bucket, lookup_cache_ttl=0)
+    writer, aged = BackendRegistry().create("object"), BackendRegistry().create("object")
+    writer.open(opts, NS)
+    aged.open({**opts, "max_age": "2s"}, NS)  # its pass at open found nothing to delete
+    try:
+        assert writer.put([key(20), key(21)], [blob(100, 20), blob(100, 21)], []) == [True] * 2
+        time.sleep(3.2)  # last-modified times have a resolution of one second
+        assert list(writer.lookup([key(20), key(21)])) == [True, True], aged.stats()
+        outs = [bytearray(100), bytearray(100)]
+        assert aged.get_into([key(20)], [[memoryview(outs[0])]]) == [None]
+        assert writer.get_into([key(21)], [[memoryview(outs[1])]]) == [100]  # no max_age
+        assert bytes(outs[1]) == blob(100, 21)
+        assert list(writer.lookup([key(20)])) == [False]  # the read deleted it
+    finally:
+        writer.close()
+        aged.close()
