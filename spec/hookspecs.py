@@ -378,7 +378,9 @@ def kvtier_keep(keys: Sequence[bytes], keep: bool) -> Sequence[bool | None]:
     :param keep: True to mark, False to release.
     :return: per key, ``True`` if the block is now kept (``keep``) or not
         kept (release, whether it was marked or not), ``False`` if marking
-        it was refused for the budget, ``None`` if the key is not stored.
+        it was refused (for the budget, or by an instance whose
+        configuration keeps no marks while its capacity may evict), ``None``
+        if the key is not stored.
         Marking a kept block again answers ``True`` and counts it once.
         A lookup, a get or a scan is no change to the mark.
 

@@ -10,8 +10,9 @@ of the index's ``kept`` table (:mod:`.pool_keep`), seen by every process on the
 root, so no process evicts a kept block and the tenant's ``keep`` budget holds for
 all of them together.  Without the pool (a remote root, ``capacity_scope:
 process``, a network filesystem, no ``capacity`` nor ``min_free`` nor quota) the
-tier keeps no marks: None for every key, and a chain's ``keep`` goes on with its
-other tiers (docs/tenants.md, "Retention").
+tier keeps no marks: a held block is refused (False) where this process's count
+may evict it, and True where nothing bounds the tier, so nothing evicts it
+(docs/tenants.md, "Keep").
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class KeepMarks(Keep):
 
     def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
         capacity = self._capacity
-        if not isinstance(capacity, PoolCapacity):
-            return [None] * len(keys)
-        return capacity.keep(keys, keep)
+        if isinstance(capacity, PoolCapacity):
+            return capacity.keep(keys, keep)
+        unbounded = capacity.limit is None or not keep  # a release of a held block: True
+        return [unbounded if held else None for held in self._lookup(keys)]

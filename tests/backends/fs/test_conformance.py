@@ -14,6 +14,7 @@ import pytest
 from seaweed import SeaweedServer
 
 from kvtier.testing import BackendTests
+from kvtier.testing.keep import KeepTests
 
 
 class TestFsFile(BackendTests):
@@ -22,6 +23,18 @@ class TestFsFile(BackendTests):
     @pytest.fixture
     def backend_options(self, tmp_path: Path) -> dict[str, Any]:
         return {"url": f"file://{tmp_path}/fs", "capacity": "12MiB"}
+
+
+class TestFsKeep(KeepTests):
+    """The kit's ``keep`` group on a local root's shared pool with a keep budget: a kept
+    block survives three capacities of puts."""
+
+    backend = "fs"
+
+    @pytest.fixture
+    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"url": f"file://{tmp_path}/fs", "capacity": "8MiB",
+                "tenants": {"*": {"keep": "2MiB"}}}
 
 
 class TestFsMemory(BackendTests):
