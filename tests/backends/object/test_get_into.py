@@ -106,14 +106,14 @@ def test_an_expired_object_is_a_miss_and_deleted(s3_server: SeaweedServer, bucke
     opts = object_options(s3_server, bucket, lookup_cache_ttl=0)
     writer, aged = BackendRegistry().create("object"), BackendRegistry().create("object")
     writer.open(opts, NS)
-    aged.open({**opts, "max_age": "2s"}, NS)  # its pass at open found nothing to delete
+    aged.open({**opts, "expire": "2s"}, NS)  # its pass at open found nothing to delete
     try:
         assert writer.put([key(20), key(21)], [blob(100, 20), blob(100, 21)], []) == [True] * 2
         time.sleep(3.2)  # last-modified times have a resolution of one second
         assert list(writer.lookup([key(20), key(21)])) == [True, True], aged.stats()
         outs = [bytearray(100), bytearray(100)]
         assert aged.get_into([key(20)], [[memoryview(outs[0])]]) == [None]
-        assert writer.get_into([key(21)], [[memoryview(outs[1])]]) == [100]  # no max_age
+        assert writer.get_into([key(21)], [[memoryview(outs[1])]]) == [100]  # no expire
         assert bytes(outs[1]) == blob(100, 21)
         assert list(writer.lookup([key(20)])) == [False]  # the read deleted it
     finally:
