@@ -86,6 +86,7 @@ from ._compat import (
 )
 from .args import secondary_chain_config
 from .chain_like import ChainLike, UnopenedChain
+from .hints import Keeper, keeps
 from .keys import chain_key, namespace_for
 from .kv_events import ChainEvents
 from .lookups import HIT, MISS, LookupVerdicts
@@ -209,6 +210,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self._region.release()
             raise
         self._init_state()
+        self._keeper = Keeper(self._tenancy.chain_of, self._lock)  # kv_hints (.hints)
         _live.add(self)
         log.info("kvtier tier %r: chain %s, namespace %s, %d-byte chunks", tier_type,
                  " -> ".join(self._tier_names), self.namespace.hex, self._payload)
@@ -348,6 +350,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             if tenant is None or not self._chunks_fit(job_metadata, keys):
                 self._refuse_locked(_Job(job_metadata.job_id, False, keys, now))
                 return
+            if keeps(job_metadata.req_context):  # marked once the stores are done
+                self._keeper.submit(tenant, [chain_key(k) for k in keys])
             held = {qk for k in keys if self._verdicts.holds(qk := qualified_key(tenant, k), now)}
             todo = [(k, c) for k, c in zip(keys, job_metadata.chunk_ids)
                     if qualified_key(tenant, k) not in held]
@@ -548,6 +552,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self.closed = True
         try:
             self._repair.shutdown(wait=True)
+            self._keeper.close()
             self._tenancy.close()  # the other tenants' chains, each finishing its jobs
             self.chain.close()  # finishes every submitted job first
         finally:
