@@ -19,6 +19,7 @@ from settings_inventory import old_keys
 from kvtier.config import explain, load_config
 from kvtier.plugins.options import DeprecatedKey, check_options
 from kvtier.plugins.registry import default_registry
+from kvtier.policies.tenancy import Expiry
 from kvtier.spec import ConfigError
 
 HOST = {"name": "ram", "backend": "host", "capacity": "1MiB"}
@@ -39,13 +40,15 @@ CASES: dict[tuple[str, str], tuple[dict[str, Any], Any, Any, str, Any]] = {
     ("peer", "request_timeout"): ({"backend": "peer", "peers": ["127.0.0.1:1"]}, "4s", "4s",
                                   "request_timeout", 4.0),
     ("redis", "max_connections"): ({"backend": "redis"}, 5, 5, "max_connections", 5),
+    ("object", "max_age"): ({"backend": "object", "bucket": "b"}, "7s", "7s", "expire",
+                            Expiry(after=7.0)),
 }
 #: The new key each old one names.
 NEW = {("tier", "codec_level"): "codec", ("tier", "shuffle"): "codec",
        ("fs", "io_threads"): "concurrency", ("fs", "pool"): "capacity_scope",
        ("fs", "pool_lease"): "timeout", ("object", "request_timeout"): "timeout",
        ("peer", "connections"): "concurrency", ("peer", "request_timeout"): "timeout",
-       ("redis", "max_connections"): "concurrency"}
+       ("redis", "max_connections"): "concurrency", ("object", "max_age"): "expire"}
 
 
 def _load(tmp_path: Path, entry: dict[str, Any]) -> Any:
