@@ -11,27 +11,37 @@ without offloading, every time.
 A second engine on the same fs root ignores the tenants clients name
 (``trust_client_tenant: false``): a request claiming ``acme`` is the
 configured tenant's, and reads nothing of acme's.
+
+A third engine has quotas on the fs tier (``tenants:``, one capacity for the
+pool): acme sends three times its quota of blocks, and its block files never
+exceed the quota while globex keeps every block and its prompt's hit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from runner_process import RunnerProcess
 from shared_pool import engine_env
 from vllm_chain import host_tier, write_yaml
 
+from kvtier.backends.fs.pool_files import held
+from kvtier.block.header import ALIGN
 from kvtier.chain.catalog import CATALOG_HEX
 
 SUPPORT = Path(__file__).parents[1] / "support"
 P = [(i * 37 + 11) % 500 + 3 for i in range(132)]  # 4 full blocks of 32 tokens, and 4 more
 Q = [(i * 53 + 7) % 500 + 3 for i in range(132)]
 CACHED = 128
+BLOCK_TOKENS, KV_DTYPE = 32, "float32"  # the runner's block_size and dtype
 
 
 def req(name: str, prompt: list[int], salt: str | None, **tenant: Any) -> dict[str, Any]:
@@ -50,6 +60,10 @@ TRUSTED = [[A_P, A_Q], [B_P, B_Q], [A_P, B_Q], [BAD_Q], [NONE_Q]]
 SPOOF_P = req("spoof-P", P, "salt-acme", tenant="acme")
 SPOOF_Q = req("spoof-Q", Q, None, tenant="acme")
 UNTRUSTED = [[SPOOF_P], [SPOOF_Q]]
+# acme's distinct prompts for the quota: 12 blocks, three times its quota of 4
+ACME_MANY = [req(f"acme-{k}", [(i * k + 5) % 500 + 3 for i in range(132)], "salt-acme",
+                 tenant="acme") for k in (59, 61, 67)]
+QUOTA_BLOCKS = 4
 
 
 class Run(RunnerProcess):
@@ -77,18 +91,27 @@ def blocks_by_namespace(root: Path) -> dict[str, int]:
     return counts
 
 
+@pytest.fixture(scope="module")
+def no_offload(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Output ids per request name, of one engine without offloading (one start for all)."""
+    run = Run(tmp_path_factory.mktemp("no-offload"), model_dir, [[A_P, B_P, A_Q, *ACME_MANY]])
+    try:
+        return by_name(run.result(), "ids")[0]
+    finally:
+        run.kill()
+
+
 @pytest.mark.timeout(1200)
-def test_two_tenants_on_one_engine_never_share_blocks(model_dir: str, tmp_path: Path) -> None:
+def test_two_tenants_on_one_engine_never_share_blocks(model_dir: str, tmp_path: Path,
+                                                      no_offload: dict[str, Any]) -> None:
     store = tmp_path / "store"
     config = write_yaml(tmp_path / "tiers.yaml",
                         [host_tier(), {"name": "disk", "backend": "fs", "url": str(store)}])
-    baseline_run = Run(tmp_path, model_dir, [[A_P, B_P, A_Q]])
+    baseline = no_offload
     trusted_run = Run(tmp_path, model_dir, TRUSTED, config)
     try:
-        baseline = by_name(baseline_run.result(), "ids")[0]
         trusted = trusted_run.result()
     finally:
-        baseline_run.kill()
         trusted_run.kill()
     # the salt changes no output; every output is the one without offloading
     assert baseline["acme-P"] == baseline["globex-P"]
@@ -127,3 +150,100 @@ def test_two_tenants_on_one_engine_never_share_blocks(model_dir: str, tmp_path: 
     assert set(spoof["tenants"]) == {"globex"}
     assert spoof["adapter"]["tenant_requests:ignored"] == 2
     assert blocks_by_namespace(store)[namespaces["acme"]] == 8  # untouched
+
+
+class DiskWatch(threading.Thread):
+    """Polls an fs root while an engine runs: per namespace directory, the most bytes its
+    block files held at once (as the pool counts a file), every block file seen and every
+    one seen gone (evicted: a miss re-storing it later does not hide that it went)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.done = root, threading.Event()
+        self.peak: dict[str, int] = {}
+        self.seen: dict[str, set[str]] = {}
+        self.lost: dict[str, set[str]] = {}
+
+    def look(self) -> dict[str, dict[str, int]]:
+        """Per namespace, block file name -> bytes held now."""
+        now: dict[str, dict[str, int]] = {}
+        for folder, _, names in os.walk(self.root):
+            parts = Path(folder).relative_to(self.root).parts
+            if not parts or CATALOG_HEX in parts:
+                continue
+            for name in names:
+                if name.endswith(".kvb"):
+                    try:
+                        size = held(os.stat(os.path.join(folder, name)))
+                    except FileNotFoundError:  # evicted while the folders were walked
+                        continue
+                    now.setdefault(parts[0], {})[name] = size
+        return now
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            now = self.look()
+            for ns, seen in self.seen.items():
+                self.lost.setdefault(ns, set()).update(seen - set(now.get(ns, {})))
+            for ns, files in now.items():
+                self.peak[ns] = max(self.peak.get(ns, 0), sum(files.values()))
+                self.seen.setdefault(ns, set()).update(files)
+            self.done.wait(0.02)
+
+
+def block_bytes(model_dir: str) -> int:
+    """One vLLM block's KV, from the model's config: K and V of every layer."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(2 * config["num_hidden_layers"] * BLOCK_TOKENS * config["num_key_value_heads"]
+               * config["head_dim"] * np.dtype(KV_DTYPE).itemsize)
+
+
+@pytest.mark.timeout(1200)
+def test_a_tenant_beyond_its_quota_never_takes_the_others_blocks(
+        model_dir: str, tmp_path: Path, no_offload: dict[str, Any]) -> None:
+    payload = block_bytes(model_dir)
+    weight = payload + ALIGN  # a block file as the pool counts it: its header's page, its KV
+    quota = QUOTA_BLOCKS * weight
+    store = tmp_path / "store"
+    disk = {"name": "disk", "backend": "fs", "url": str(store),
+            # room for globex's 4 blocks and acme's quota, not one block more: without
+            # quotas, acme's puts would evict globex's blocks
+            "capacity": (4 + QUOTA_BLOCKS + 1) * weight - 1, "capacity_scope": "pool",
+            "tenants": {"acme": {"quota": quota}}}
+    config = write_yaml(tmp_path / "tiers.yaml", [host_tier(), disk])
+    watch = DiskWatch(store)
+    watch.start()
+    try:
+        result = Run(tmp_path, model_dir, [[B_P], ACME_MANY, [B_P]], config).result()
+    finally:
+        watch.done.set()
+        watch.join()
+    assert result["chunk_bytes"] == payload  # the derivation is the engine's block
+    expected = {"globex-P": no_offload["acme-P"],
+                **{r["name"]: no_offload[r["name"]] for r in ACME_MANY}}
+    for phase in by_name(result, "ids"):
+        assert phase == {name: expected[name] for name in phase}
+    # globex's prompt is still served from the fs tier after acme's puts
+    assert by_name(result, "num_cached_tokens") == [
+        {"globex-P": 0}, dict.fromkeys((r["name"] for r in ACME_MANY), 0),
+        {"globex-P": CACHED}]
+    ns = {t: s["namespace"] for t, s in result["tenants"].items()}
+    files = watch.look()
+    for tenant in ("acme", "globex"):
+        assert all(payload < size <= weight for size in files[ns[tenant]].values())
+    # acme wrote 12 blocks, filled its quota and never held more on disk, at any moment
+    # watched: it lost its own 8 blocks
+    assert len(watch.seen[ns["acme"]]) == 3 * 4
+    assert len(files[ns["acme"]]) == QUOTA_BLOCKS
+    assert len(watch.lost[ns["acme"]]) == 3 * 4 - QUOTA_BLOCKS
+    assert watch.peak[ns["acme"]] <= quota
+    # globex's 4 blocks stayed on disk throughout
+    assert len(files[ns["globex"]]) == 4
+    assert set(files[ns["globex"]]) == watch.seen[ns["globex"]]
+    assert not watch.lost[ns["globex"]]
+    # the pool's count after each phase's stores: acme within its quota, globex's unchanged
+    pool = result["pool"]
+    assert all(figures["tenant_bytes.acme"] <= quota for figures in pool[1:])
+    assert {figures["tenant_bytes.globex"] for figures in pool} == {pool[0]["tenant_bytes.globex"]}
+    assert pool[-1]["tenant_evicted.acme"] == 3 * 4 - QUOTA_BLOCKS
+    assert "tenant_evicted.globex" not in pool[-1]

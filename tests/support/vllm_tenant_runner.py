@@ -14,8 +14,11 @@ there.  ``--tier-options`` are the tier's tenant options
 
 The last stdout line starting ``KVTIER-RUNNER RESULT`` holds a JSON object:
 per request its output ids and ``num_cached_tokens``; at the end, per tenant
-whose chain opened, its namespace and tier counters, and the adapter's
-counters (the engine runs in this process).
+whose chain opened, its namespace and tier counters, the adapter's
+counters (the engine runs in this process) and the bytes of one chunk
+(``chunk_bytes``: one vLLM block's KV, a block file's payload).  With a
+connector, ``pool`` holds per phase, once its stores are done, the shared
+fs pool's ``tenant_*`` figures (``tenant_bytes.<tenant>`` and so on).
 """
 
 from __future__ import annotations
@@ -33,6 +36,21 @@ TAG = "KVTIER-RUNNER"
 def emit(kind: str, payload: Any) -> None:
     sys.stdout.write(f"{TAG} {kind} {json.dumps(payload)}\n")
     sys.stdout.flush()
+
+
+def pool_figures() -> dict[str, int]:
+    """The ``tenant_*`` figures of the fs tiers' shared pool (every tenant of the root), as
+    the opened tenants' chains report them; empty where no tier counts tenants."""
+    from kvtier.contrib.vllm import live_tiers
+
+    figures: dict[str, int] = {}
+    for tier in live_tiers():
+        for stats in tier.tenant_stats().values():
+            for t in stats["tiers"]:
+                for key, value in t.get("backend_stats", {}).items():
+                    if key.startswith("tenant_"):
+                        figures[key] = max(figures.get(key, 0), int(value))
+    return figures
 
 
 def main() -> None:
@@ -89,6 +107,7 @@ def main() -> None:
                          "num_cached_tokens": out.num_cached_tokens or 0})
         if kv_transfer is not None:
             settle()
+            result.setdefault("pool", []).append(pool_figures())
         result["phases"].append(runs)
     if kv_transfer is not None:
         from kvtier.contrib.vllm import live_tiers
@@ -101,6 +120,7 @@ def main() -> None:
             for name, stats in tier.tenant_stats().items()
         }
         result["adapter"] = tier.adapter_stats()
+        result["chunk_bytes"] = tier.config_info()["kvtier_chunk_bytes"]
     llm.llm_engine.engine_core.shutdown()
     emit("RESULT", result)
 
