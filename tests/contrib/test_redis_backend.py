@@ -136,11 +136,15 @@ def test_cli_certifies_the_redis_backend(redis_server: RedisServer, tmp_path: Pa
     assert report["totals"]["failed"] == 0 and report["totals"]["passed"] > 60
     assert set(report["groups"]) == set(GROUPS)
     # with a capacity and kit_tamper, every group applies but framed (redis
-    # stores any bytes); only the checks of the two optional zero-copy hooks
-    # and of blocks over the limits skip
-    expected_skips = ("kvtier_put_parts", "kvtier_get_into", "limit of", "too large")
+    # stores any bytes) and keep (it keeps no marks); only the checks of the
+    # optional zero-copy and keep hooks and of blocks over the limits skip
+    expected_skips = ("kvtier_put_parts", "kvtier_get_into", "kvtier_keep", "limit of",
+                      "too large")
     framed = report["groups"].pop("framed")
     assert framed["skip_reasons"] == ["backend 'redis' does not declare framed_only=True"]
+    keep = report["groups"].pop("keep")
+    assert keep["passed"] == 0 and keep["failed"] == 0
+    assert keep["skip_reasons"] == ["backend 'redis' does not implement kvtier_keep"]
     for name, group in report["groups"].items():
         assert group["selected"] and group["failed"] == 0, (name, group)
         assert group["passed"] > 0, (name, group)
