@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_blocks import block_file, counted_get_into
 
 from kvtier import Namespace, open_chain
 
@@ -32,12 +33,6 @@ def chain(tmp_path: Path) -> Iterator[Any]:
         yield opened
 
 
-def block_file(root: Path, key: bytes) -> Path:
-    found = [p for p in root.rglob(f"{key.hex()}.kvb")]
-    assert len(found) == 1, found
-    return found[0]
-
-
 def flip_payload_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-SIZE // 2] ^= 0x01  # a byte of the payload, not of the header
@@ -46,20 +41,6 @@ def flip_payload_byte(path: Path) -> None:
 
 def truncate(path: Path) -> None:
     os.truncate(path, path.stat().st_size - 4096)
-
-
-def counted_get_into(chain: Any) -> list[int]:
-    """The batch sizes of the fs tier's get_into calls, as the chain makes them."""
-    handle = chain.tiers[0].handle
-    calls: list[int] = []
-    real = handle.get_into
-
-    def get_into(keys: Any, buffers: Any) -> Any:
-        calls.append(len(keys))
-        return real(keys, buffers)
-
-    handle.get_into = get_into
-    return calls
 
 
 def read_all(chain: Any) -> tuple[list[bool], list[bytearray]]:

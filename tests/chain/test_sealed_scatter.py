@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_blocks import block_file, counted_get_into
 
 import kvtier.backends.fs.local as fs_local
 from kvtier import Namespace, open_chain
@@ -72,26 +73,6 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
 def clear(threads: dict[str, list[str]]) -> None:
     for seen in threads.values():
         seen.clear()
-
-
-def block_file(root: Path, key: bytes) -> Path:
-    found = list(root.rglob(f"{key.hex()}.kvb"))
-    assert len(found) == 1, found
-    return found[0]
-
-
-def counted_get_into(chain: Any) -> list[int]:
-    """The batch sizes of the fs tier's get_into calls, as the chain makes them."""
-    handle = chain.tiers[0].handle
-    calls: list[int] = []
-    real = handle.get_into
-
-    def get_into(keys: Any, buffers: Any) -> Any:
-        calls.append(len(keys))
-        return real(keys, buffers)
-
-    handle.get_into = get_into
-    return calls
 
 
 def read_all(chain: Any) -> tuple[list[bool], list[bytes]]:

@@ -82,3 +82,24 @@ def files_on_disk(root: Path, ns: str = NS) -> dict[bytes, int]:
                 with contextlib.suppress(FileNotFoundError):
                     out[bytes.fromhex(name[:-4])] = os.stat(os.path.join(folder, name)).st_size
     return out
+
+
+def block_file(root: Path, key: bytes) -> Path:
+    """The one file holding ``key``'s block under ``root``, whatever its namespace."""
+    found = list(root.rglob(f"{key.hex()}.kvb"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def counted_get_into(chain: Any) -> list[int]:
+    """The batch sizes of the first tier's get_into calls, as the chain makes them."""
+    handle = chain.tiers[0].handle
+    calls: list[int] = []
+    real = handle.get_into
+
+    def get_into(keys: Any, buffers: Any) -> Any:
+        calls.append(len(keys))
+        return real(keys, buffers)
+
+    handle.get_into = get_into
+    return calls
