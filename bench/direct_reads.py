@@ -22,19 +22,10 @@ import time
 
 os.environ.setdefault("KVTIER_PHASES", "1")
 
+from ttft_phases import drop_page_cache
+
 from kvtier import Namespace, open_chain  # after KVTIER_PHASES is set
 from kvtier.observe import phases
-
-
-def drop_page_cache(root: str) -> None:
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def main() -> None:

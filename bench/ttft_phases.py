@@ -35,8 +35,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "medium_read", "object_read",
-           "one_file", "pieces", "svg_chart"]
+__all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "drop_file", "drop_page_cache",
+           "medium_read", "object_read", "one_file", "pieces", "svg_chart"]
 
 PHASES = ("vllm to lookup", "lookup", "job queue", "reads", "checks", "until polled",
           "vllm to copy", "to device", "compute")
@@ -101,6 +101,23 @@ def one_file(path: Path, size: int) -> Path:
     return path
 
 
+def drop_file(path: str) -> None:
+    """Drop ``path`` from the page cache: fsync, then ``POSIX_FADV_DONTNEED``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def drop_page_cache(root: str) -> None:
+    """Drop every file under ``root`` from the page cache."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            drop_file(os.path.join(dirpath, name))
+
+
 def medium_read(reads: Sequence[tuple[str, int, int]], threads: int) -> float:
     """Seconds to read every piece with O_DIRECT on ``threads`` threads, out of the page cache.
 
@@ -108,12 +125,7 @@ def medium_read(reads: Sequence[tuple[str, int, int]], threads: int) -> float:
     dropped from the page cache (fsync, ``POSIX_FADV_DONTNEED``) first.
     """
     for path in {p for p, _, _ in reads}:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_file(path)
     longest = max(n for _, _, n in reads)
     todo = iter(reads)
     lock = threading.Lock()

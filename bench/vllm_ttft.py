@@ -65,6 +65,7 @@ from ttft_phases import (
     ascii_chart,
     breakdown,
     draw,
+    drop_page_cache,
     medium_read,
     object_read,
     one_file,
@@ -141,20 +142,6 @@ def child(args: argparse.Namespace) -> None:
     llm.llm_engine.engine_core.shutdown()
     print(TAG + json.dumps({"mode": args.mode, "ttft_s": ttfts, "cached_tokens": cached,
                             "token": out.outputs[0].token_ids[0], "phases": parts}), flush=True)
-
-
-def drop_page_cache(root: str) -> int:
-    count = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                count += 1
-            finally:
-                os.close(fd)
-    return count
 
 
 def run_child(mode: str, common: list[str]) -> dict[str, Any]:
