@@ -40,6 +40,7 @@ from kvtier.chain.chain import Chain
 from kvtier.config.chain_config import ChainConfig, load_config
 from kvtier.observe.tenant_figures import tenant_figures
 from kvtier.observe.tenant_metrics import TenantsReporter
+from kvtier.plugins.options import with_values
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ClosedError
 
@@ -51,7 +52,7 @@ _groups = itertools.count(1)
 
 def sharing(config: ChainConfig, group: str) -> ChainConfig:
     """``config`` with ``group`` as the ``share`` of every tier whose backend takes one."""
-    tiers = tuple(dataclasses.replace(t, options={**t.options, "share": group})
+    tiers = tuple(dataclasses.replace(t, options=with_values(t.options, share=group))
                   if "share" in t.options and not t.options["share"] else t
                   for t in config.tiers)
     return dataclasses.replace(config, tiers=tiers)

@@ -21,6 +21,7 @@ from kvtier.chain.arguments import runs_of
 from kvtier.chain.health import Health, Reopen, close_quietly
 from kvtier.chain.scatter import ScatterReads, landed_header
 from kvtier.observe.stats import TierStats
+from kvtier.plugins.options import with_values
 from kvtier.plugins.registry import BackendHandle
 from kvtier.spec import (
     BackendError,
@@ -103,7 +104,7 @@ class Tier:
     def options_for(self, handle: BackendHandle) -> Mapping[str, Any]:
         """The tier's options, and the namespace's tenant where the backend counts tenants."""
         tenant = {"tenant": self.namespace.tenant} if "tenant" in handle.options() else {}
-        return {**self.config.options, **tenant}
+        return with_values(self.config.options, **tenant)
 
     def _install(self, handle: BackendHandle) -> None:
         capabilities = handle.capabilities()

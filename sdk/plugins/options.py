@@ -36,6 +36,7 @@ __all__ = [
     "parse_value",
     "resolve_keys",
     "user_key",
+    "with_values",
 ]
 
 _SIZE_UNITS = {
@@ -169,6 +170,15 @@ class CheckedOptions(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"CheckedOptions({self.backend!r}, {sorted(self._values)})"
+
+
+def with_values(options: Mapping[str, Any], **values: Any) -> Mapping[str, Any]:
+    """``options`` and ``values`` (parsed already, such as an internal option's), still
+    :class:`CheckedOptions` where ``options`` were: an open checks them no second time."""
+    merged = {**options, **values}
+    if isinstance(options, CheckedOptions):
+        return CheckedOptions(merged, options.backend)
+    return merged
 
 
 class DeprecatedKey(FutureWarning):

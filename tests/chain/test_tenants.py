@@ -13,6 +13,7 @@ import os
 import random
 import secrets
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -399,3 +400,22 @@ def test_sealed_frames_served_on_are_promoted_into_a_plaintext_tier(
         held = chain.tiers[0].get_blobs(KEYS[:3])
         assert all(b is not None and not header_fields(bytes(b))[9] for b in held)
         assert get(chain, KEYS[:3]) == [payload(i) for i in range(3)]
+
+
+def test_a_tenant_s_tiers_open_with_the_options_the_loader_checked(tmp_path: Path) -> None:
+    # the tenant (and host's share) join options checked once by the loader: opening
+    # checks them no second time, so a shared key's backend name warns of nothing
+    config = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB",
+                         "tenants": {"*": {"quota": "512KiB"}}},
+                        fs_tier(tmp_path / "disk", concurrency=3,
+                                tenants={"*": {"quota": "1MiB"}})]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_tenants(config, {"model": "m"}) as tenants:
+            chain = tenants.chain("acme")
+            assert chain.put([b"k"], [payload(1)]) == [True]
+            assert chain.flush(30)
+            out = bytearray(SIZE)
+            assert chain.get([b"k"], [out]) == [True] and bytes(out) == payload(1)
+        # the fs tier opened (it would start failed on a warning) and holds the block
+        assert len(list((tmp_path / "disk").rglob(f"{b'k'.hex()}.kvb"))) == 1
