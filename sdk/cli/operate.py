@@ -42,7 +42,7 @@ from kvtier.chain.catalog import CATALOG_HEX, open_catalog, read_descriptors
 from kvtier.chain.cost import LoadCost
 from kvtier.chain.tier import Tier
 from kvtier.config.chain_config import ChainConfig, TierConfig
-from kvtier.plugins.options import CheckedOptions
+from kvtier.plugins.options import with_values
 from kvtier.plugins.registry import BackendRegistry
 from kvtier.spec import ConfigError, CorruptBlockError, ScanEntry
 
@@ -82,8 +82,7 @@ def as_found(config: TierConfig, registry: BackendRegistry, read_only: bool = Fa
             if (opt := declared.get(k)) is not None and opt.type == "bool"}
     if not set_:
         return config
-    options = CheckedOptions({**config.options, **set_}, config.backend)
-    return dataclasses.replace(config, options=options)
+    return dataclasses.replace(config, options=with_values(config.options, **set_))
 
 
 class OperatorStore:
