@@ -106,6 +106,14 @@ class KeyIndex:
         if entry is not None:
             self.used -= entry[0]
 
+    def entry(self, key: bytes) -> tuple[int, float] | None:
+        """``key``'s size and last-modified epoch, None if it is not held."""
+        return self._entries.get(key)
+
+    def restore(self, key: bytes, size: int, mtime: float) -> None:
+        """Hold ``key`` again, a victim put back (kept, :mod:`.kept`): the newest entry."""
+        self.add(key, size, mtime)
+
     def trim(self) -> list[bytes]:
         """Drop the oldest entries until ``used`` <= ``capacity``; the keys dropped."""
         dropped = []
@@ -189,6 +197,17 @@ class S3FifoIndex:
         """``key`` left the bucket otherwise (an explicit evict, another writer): no ghost."""
         if self._mtimes.pop(key, None) is not None:
             self._policy.remove(key)
+
+    def entry(self, key: bytes) -> tuple[int, float] | None:
+        """``key``'s size and last-modified epoch, None if it is not held."""
+        mtime, size = self._mtimes.get(key), self._policy.size(key)
+        return None if mtime is None or size is None else (size, mtime)
+
+    def restore(self, key: bytes, size: int, mtime: float) -> None:
+        """Hold ``key`` again, a victim put back (kept, :mod:`.kept`), with no eviction
+        until ``trim``."""
+        if key not in self._mtimes:
+            self._enter(key, size, mtime)
 
     def trim(self) -> list[bytes]:
         """Evict until ``used`` <= ``capacity``; the keys evicted since the last trim."""
