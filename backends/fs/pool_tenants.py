@@ -19,6 +19,13 @@ the files, else from the opener's ``tenant`` option.  The rules of
 Every process on a root must use the same rules: the first records them
 (``meta``), and one asking for others is refused while a live one holds the
 root open, as for another capacity (:func:`~.pool_policy.prepare`).
+
+The catalog namespace (:data:`~.pool_policy.CATALOG_NS`, the descriptors every
+chain records of its namespaces, whatever its tenant) is the pool's own, as
+its index is: in the capacity, in no tenant's bytes, quota or share, and
+reported apart (``catalog_bytes``).  Counted as the ``default`` tenant's, which
+the catalog's namespace names, every tenant's chain opened on the root took
+room from that tenant's quota, and evicted its blocks when it was full.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from kvtier.block.namespace import DEFAULT_TENANT
 from kvtier.policies.tenancy import TenantRules
 from kvtier.spec import ConfigError, CorruptBlockError
 
+from .pool_policy import CATALOG_NS
 from .pool_writers import alive
 
 if TYPE_CHECKING:
@@ -44,6 +52,7 @@ _SCHEMA = "CREATE TABLE IF NOT EXISTS tenants(ns TEXT PRIMARY KEY, tenant TEXT N
 _HEAD = 4096  # a block's prefix and header fit in it (framing's _MAX_HEADER is 512)
 _RULES = "tenants"  # the meta row of the root's rules
 _COUNTS = ("refused", "evicted")  # per tenant, in meta as '<what>:<tenant>'
+_NO_CATALOG = f"x.scope NOT IN ('*', '{CATALOG_NS}')"  # the tenants' namespaces' totals
 
 
 class PoolTenants:
@@ -73,12 +82,15 @@ class PoolTenants:
                     "write the same rules, or close the processes holding it open (pids "
                     f"{', '.join(holders)}) and open it with the new ones", key="tenants")
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_RULES, mine))
-        db.execute("INSERT OR IGNORE INTO tenants VALUES (?, ?)", (ns, self.tenant))
+        if ns != CATALOG_NS:  # the pool's own: no tenant's
+            db.execute("INSERT OR IGNORE INTO tenants VALUES (?, ?)", (ns, self.tenant))
 
     def learn(self, db: sqlite3.Connection, ns: str, store: LocalStore,
               keys: Sequence[bytes]) -> None:
         """Record ``ns``'s tenant as the first of ``keys``' block headers names it: an index
         rebuilt from the files counts each tenant's bytes as the one it replaced did."""
+        if ns == CATALOG_NS:
+            return  # its descriptors' headers name the tenant default: they are no one's
         for key in keys[:4]:  # a block unreadable, or not framed (a raw backend's), or old
             tenant = _header_tenant(store, ns, key)
             if tenant:
@@ -87,6 +99,9 @@ class PoolTenants:
                 return
 
     def tenant_of(self, db: sqlite3.Connection, ns: str) -> str:
+        """``ns``'s tenant; '' for the catalog's, which is no tenant's (nothing counts to it)."""
+        if ns == CATALOG_NS:
+            return ""
         known = self._known.get(ns)
         if known is not None:
             return known
@@ -102,13 +117,15 @@ class PoolTenants:
         where = "" if scope == "*" else "AND x.scope = ? "
         rows = db.execute(
             "SELECT COALESCE(t.tenant, ?), SUM(x.bytes), SUM(x.inflight) FROM totals AS x "
-            f"LEFT JOIN tenants AS t ON t.ns = x.scope WHERE x.scope != '*' {where}"
+            f"LEFT JOIN tenants AS t ON t.ns = x.scope WHERE {_NO_CATALOG} {where}"
             "GROUP BY 1", (DEFAULT_TENANT,) if scope == "*" else (DEFAULT_TENANT, scope))
         return {str(t): (int(b), int(f)) for t, b, f in rows}
 
     def room(self, db: sqlite3.Connection, ns: str) -> tuple[int | None, int, int]:
         """``ns``'s tenant's quota (None: none), the bytes it may still take under it, and
         its bytes in flight (writes that may land, credits that may come back)."""
+        if ns == CATALOG_NS:
+            return None, 0, 0  # the pool's own: bound by the capacity alone
         tenant = self.tenant_of(db, ns)
         quota = self.rules.quota(tenant) if self.active else None
         if quota is None:
@@ -120,7 +137,7 @@ class PoolTenants:
         """``tenant``'s namespaces with totals in ``scope``."""
         known = [ns for (ns,) in db.execute(
             "SELECT x.scope FROM totals AS x LEFT JOIN tenants AS t ON t.ns = x.scope "
-            "WHERE x.scope != '*' AND COALESCE(t.tenant, ?) = ?", (DEFAULT_TENANT, tenant))]
+            f"WHERE {_NO_CATALOG} AND COALESCE(t.tenant, ?) = ?", (DEFAULT_TENANT, tenant))]
         return [ns for ns in known if scope in ("*", ns)]
 
     # victims -------------------------------------------------------------------
@@ -147,6 +164,11 @@ class PoolTenants:
         held = {t: counted for t, (counted, _) in self.held(db, scope).items()}
         for space, _, size in victims:
             held[self.tenant_of(db, space)] = held.get(self.tenant_of(db, space), 0) - size
+        if ns == CATALOG_NS:  # the pool's own put: the tenant most beyond its share gives
+            holding = sorted(t for t, n in held.items() if n > 0)
+            if not holding:
+                return victims + policy.choose(db, need)
+            tenant = self.rules.victim(held, capacity, holding[0], 0)
         empty: set[str] = set()  # tenants found with nothing evictable
         while need > 0:
             live = {t: n for t, n in held.items() if t not in empty}
@@ -172,13 +194,14 @@ class PoolTenants:
 
     # figures -------------------------------------------------------------------
     def count(self, db: sqlite3.Connection, what: str, counts: Mapping[str, int]) -> None:
-        """Add ``counts`` (tenant -> blocks) to the root's ``what`` (refused, evicted)."""
+        """Add ``counts`` (tenant -> blocks) to the root's ``what`` (refused, evicted); the
+        catalog's ('') count to no tenant."""
         db.executemany("INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) "
                        "DO UPDATE SET value = value + excluded.value",
-                       [(f"{what}:{t}", n) for t, n in counts.items() if n])
+                       [(f"{what}:{t}", n) for t, n in counts.items() if n and t])
 
     def evicted(self, db: sqlite3.Connection, namespaces: Sequence[str]) -> None:
-        """Victims of ``namespaces`` deleted: counted per tenant."""
+        """Victims of ``namespaces`` deleted: counted per tenant (the catalog's to none)."""
         counts: dict[str, int] = {}
         for ns in namespaces:
             tenant = self.tenant_of(db, ns)
@@ -189,6 +212,9 @@ class PoolTenants:
         """``tenant_bytes.<t>`` (counted: files and room in flight), ``tenant_refused.<t>``
         and ``tenant_evicted.<t>`` (blocks, every process of the root)."""
         out = {f"tenant_bytes.{t}": counted for t, (counted, _) in self.held(db).items()}
+        # the descriptors of every tenant's namespaces: the pool's own, counted apart
+        catalog = db.execute("SELECT bytes FROM totals WHERE scope = ?", (CATALOG_NS,)).fetchall()
+        out["catalog_bytes"] = int(catalog[0][0]) if catalog else 0
         for what in _COUNTS:
             for name, value in db.execute("SELECT name, value FROM meta WHERE name LIKE ?",
                                           (f"{what}:%",)):

@@ -69,13 +69,15 @@ def test_a_pool_reports_the_tenants_of_other_processes(tmp_path: Path) -> None:
     acme = stats["acme"]["tiers"]["disk"]
     assert (acme["used_bytes"], acme["evictions"], acme["refused"]) == (8 * one, 12, 0)
     assert "used_bytes" in acme["reported"]
-    # on the endpoint: acme holds the most; globex (and the catalog's default) are 'other'
+    # no other tenant: the catalog's descriptors are the pool's own, not the default tenant's
+    assert sorted(stats) == ["acme", "globex"]
+    # on the endpoint: acme holds the most; globex is 'other'
     namespace = MODEL.for_tenant(None).hex
     body = text.decode()
     assert (f'kvtier_tenant_used_bytes{{namespace="{namespace}",tenant="acme",tier="disk"}} '
             f'{float(8 * one)}') in body
     other = sum(t["used_bytes"] for name, t in stats.items() if name != "acme")
-    assert other >= globex
+    assert other == globex
     assert (f'kvtier_tenant_used_bytes{{namespace="{namespace}",tenant="other",tier="disk"}} '
             f'{float(other)}') in body
     assert 'tenant="globex"' not in body
