@@ -11,7 +11,11 @@ through a chain with one ``object`` tier, then, ``--reads`` times, interleaved:
   copied into the caller's buffer once all have landed): the path before ``get_into``;
 - ``get_into``: ``Chain.get`` straight into the caller's buffers, in runs, each checked
   as it lands (:mod:`kvtier.chain.scatter`);
-- ``lookup``: ``Chain.lookup`` of the batch by a chain without a presence cache.
+- ``lookup``: ``Chain.lookup`` of the batch by a chain without a presence cache: a
+  HEAD per block;
+- ``lookup_index``: the same by a chain opened after the puts, its lookups answered
+  by the keys its LIST at open found (``lookup_index``; its short-lived cache of
+  answers, ``lookup_cache_ttl``, set to 1 ms so that it answers none).
 
 Prints each one's median in ms.  Every block read is compared with what was stored.
 """
@@ -32,7 +36,7 @@ from pathlib import Path
 import obstore
 from obstore.store import S3Store
 
-from kvtier import Namespace, open_chain
+from kvtier import Chain, Namespace, open_chain
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from seaweed import SeaweedServer  # the tests' server, found through the path
@@ -86,11 +90,20 @@ def main() -> None:
 
             uncached = open_chain({"chain": [{**tier, "lookup_cache_ttl": 0}]}, namespace=NS)
 
-            def lookup() -> None:
-                assert uncached.lookup(keys) == [0] * len(keys)
+            indexed = open_chain({"chain": [{**tier, "lookup_cache_ttl": "1ms"}]}, namespace=NS)
+            deadline = time.monotonic() + 30  # its LIST at open runs on a thread of its own
+            while (indexed.stats()["tiers"][0]["backend_stats"].get("lookup_index_entries", 0)
+                   < len(keys) and time.monotonic() < deadline):
+                time.sleep(0.01)
+
+            def lookup(chain: Chain) -> Callable[[], None]:
+                def run() -> None:
+                    assert chain.lookup(keys) == [0] * len(keys)
+                return run
 
             runs: dict[str, Callable[[], None]] = {
-                "raw": raw, "get": read(False), "get_into": read(True), "lookup": lookup}
+                "raw": raw, "get": read(False), "get_into": read(True),
+                "lookup": lookup(uncached), "lookup_index": lookup(indexed)}
             times: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.reads):
                 for name, fn in runs.items():
@@ -101,12 +114,16 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
                     if name in ("get", "get_into"):
                         assert all(bytes(o) == p for o, p in zip(outs, payloads)), name
+            heads = indexed.stats()["tiers"][0]["backend_stats"]["heads"]
+            assert heads == 0, f"the indexed chain sent {heads} HEADs"
             uncached.close()
+            indexed.close()
         threads.shutdown()
     medians = {name: 1000 * statistics.median(t) for name, t in times.items()}
     print(f"{len(keys)} objects of {args.size_mib} MiB, {args.threads} threads, "
           f"median of {args.reads}: " + ", ".join(f"{n} {ms:.1f} ms" for n, ms in medians.items())
-          + f"; get_into/raw {medians['get_into'] / medians['raw']:.2f}x")
+          + f"; get_into/raw {medians['get_into'] / medians['raw']:.2f}x"
+          + f"; lookup_index/lookup {medians['lookup_index'] / medians['lookup']:.3f}x")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ Python future and a loop hop per request, the sync calls just release the GIL.
 The bucket is the authority and is shared by design: puts are conditional
 creates (``If-None-Match: *``), so a block another instance already stored is
 neither uploaded twice nor rewritten.  Lookups may be answered from a
-short-lived presence cache.  With ``capacity`` (or a quota) or ``expire``
+short-lived presence cache, and a key this instance stored, read or listed
+(a LIST at open) from :mod:`.presence` without a request: a get is the
+authority.  With ``capacity`` (or a quota) or ``expire``
 set, the instance keeps an index of the namespace (rebuilt by a LIST at
 open).  ``expire`` deletes by last-modified time (:mod:`.tenancy`);
 ``capacity`` deletes the oldest objects
@@ -34,6 +36,7 @@ The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index; :mod:`.tenancy` the
 tenant's bound, expiry and figures; :mod:`.reads` the obstore client and the
 reads straight into a caller's buffers (``kvtier_get_into``).
+:mod:`.presence` holds the keys known stored, :mod:`.listing` reads a LIST's names.
 
 May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -43,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -72,7 +74,9 @@ from kvtier.spec.base import Evicted, GetInto, Scan
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but, eviction
 
 from .faults import Bucket
-from .keys import INDEXES, Index, KeyIndex, PresenceCache, S3FifoIndex
+from .keys import INDEXES, Index, KeyIndex, S3FifoIndex
+from .listing import NAMESPACE_RE, Listed, list_names, scan_entries
+from .presence import KNOWN_MAX, Presence
 from .reads import Scatter, read_into, s3_store
 from .tenancy import TENANCY_OPTIONS, Tenancy
 
@@ -113,6 +117,10 @@ OPTIONS: Mapping[str, Option] = {
     "request_timeout": but(TIMEOUT, default="30s"),
     "connect_timeout": but(CONNECT_TIMEOUT, default="5s"),
     "lookup_cache_ttl": Option("duration", "lifetime of cached lookups; 0: off", default="2s"),
+    "lookup_index": Option(
+        "duration", "how long a key this instance stored, read or listed answers lookups "
+        "without a request (get stays the authority); 0 (or lookup_cache_ttl 0): off",
+        default="10m"),
     "capacity": CAPACITY,
     "eviction": eviction(INDEXES, default="fifo"),
     **TENANCY_OPTIONS,
@@ -121,10 +129,6 @@ OPTIONS: Mapping[str, Option] = {
         "other writers' blocks (0: after every put); unset: 1m"),
     "sizing_sample": SIZING_OPTION,
 }
-
-_NAMESPACE_RE = re.compile(r"^[0-9a-f]{32}$")
-_NAME_RE = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
-
 
 class ObjectBackend(Scan, GetInto):
     """Blocks as objects in an S3-compatible bucket."""
@@ -151,7 +155,8 @@ class ObjectBackend(Scan, GetInto):
         self._max_age: float | None = None
         self._scan_interval: float | None = None
         self._conditional = True  # falls back to HEAD-then-PUT if the server refuses
-        self._cache = PresenceCache(2.0)
+        self._cache = Presence(2.0)  # with the keys known stored (lookup_index)
+        self._lister: threading.Thread | None = None
         self._eviction = "fifo"
         self._index: Index | None = None  # with capacity (or a quota) or expire
         self._tenancy = Tenancy()
@@ -165,7 +170,7 @@ class ObjectBackend(Scan, GetInto):
 
     # lifecycle --------------------------------------------------------------
     def _open(self, options: Mapping[str, Any], namespace: str) -> None:
-        if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+        if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
             raise ConfigError(
                 f"expected 32 lowercase hex digits, got {namespace!r}", key="namespace"
             )
@@ -181,6 +186,9 @@ class ObjectBackend(Scan, GetInto):
                               tuple(s for s in (options["secret_access_key"],) if s), keys)
         self._tenancy.open(options)  # the capacity is the tenant's bound: min(capacity, quota)
         self._cache.ttl, self._capacity = options["lookup_cache_ttl"], self._tenancy.bound
+        # lookup_cache_ttl 0 is every lookup asked of the bucket: no index either
+        self._cache.lifetime = options["lookup_index"] if self._cache.ttl > 0 else 0.0
+        self._cache.max_age = self._tenancy.after
         self._max_age, self._scan_interval = self._tenancy.after, options["scan_interval"]
         self._eviction = options["eviction"]
         store = s3_store(options, self._bucket)
@@ -202,6 +210,10 @@ class ObjectBackend(Scan, GetInto):
             self._store = store
             self._concurrency = options["concurrency"]
             self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="kvtier-object")
+            if self._cache.lifetime > 0 and self._index is None:  # no LIST at open yet
+                self._lister = threading.Thread(target=self._learn_listed, args=(store,),
+                                                daemon=True, name="kvtier-object-list")
+                self._lister.start()
 
     def _capabilities(self) -> Capabilities:
         return Capabilities(
@@ -218,6 +230,7 @@ class ObjectBackend(Scan, GetInto):
         with self._lock:
             stats: dict[str, int | float] = dict(self._counts)
             stats["lookup_cache_entries"] = len(self._cache)
+            stats["lookup_index_entries"] = self._cache.known
             if self._index is not None:
                 stats["used_bytes"] = self._index.used
                 stats["blocks"] = len(self._index)
@@ -230,11 +243,12 @@ class ObjectBackend(Scan, GetInto):
     def _close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
-            cleaner = self._cleaner
+            cleaner, lister = self._cleaner, self._lister
             self._cache.clear()
         # every put answered True finished its PUT before returning: nothing to flush
-        if cleaner is not None:
-            cleaner.join()
+        for thread in (cleaner, lister):
+            if thread is not None:
+                thread.join()
         if pool is not None:
             pool.shutdown(wait=True)
 
@@ -265,7 +279,7 @@ class ObjectBackend(Scan, GetInto):
                     failure = failure or out.exc
                     continue
                 stored[key] = True
-                self._cache.remember(key, True)
+                self._cache.remember(key, True, now if out else None)  # False: found there
             if index is not None:
                 # keys held are used first, then the others enter: a key held may
                 # leave for the batch's new ones (as the sizing's miniatures do)
@@ -348,7 +362,8 @@ class ObjectBackend(Scan, GetInto):
                 if out is not None and self._tenancy.expired(out[1], now):
                     stale[key], out = None, None
                 answers.append(None if out is None else out[0])
-                self._cache.remember(key, out is not None)
+                self._cache.remember(key, out is not None,
+                                     None if out is None else out[1].timestamp())
             if failure is None and self._index is not None:
                 # each read of a block found is a use, a repeated key as often (as sizing counts)
                 for key, answer in zip(keys, answers):
@@ -437,7 +452,7 @@ class ObjectBackend(Scan, GetInto):
     # operators --------------------------------------------------------------
     def _scan(self, namespace: str | None) -> Iterator[list[ScanEntry]]:
         store = self._live_store()
-        if namespace is not None and not _NAMESPACE_RE.match(namespace):
+        if namespace is not None and not NAMESPACE_RE.match(namespace):
             raise ConfigError(f"expected 32 lowercase hex digits, got {namespace!r}",
                               key="namespace")
         return self._list(store, namespace)
@@ -449,14 +464,7 @@ class ObjectBackend(Scan, GetInto):
         try:
             for chunk in obstore.list(store, listed or None, chunk_size=1000):
                 self.ensure_open()
-                batch = []
-                for meta in chunk:
-                    rel = meta["path"][len(base):].split("/")
-                    # only names this backend writes: <namespace>/<hex[0:2]>/<hex>
-                    if (len(rel) == 3 and _NAMESPACE_RE.match(rel[0]) and _NAME_RE.match(rel[2])
-                            and rel[1] == rel[2][:2]):
-                        batch.append(ScanEntry(rel[0], bytes.fromhex(rel[2]), int(meta["size"]),
-                                               meta["last_modified"].timestamp()))
+                batch = scan_entries(chunk, base)
                 if batch:
                     yield batch
         except ClosedError:
@@ -489,20 +497,36 @@ class ObjectBackend(Scan, GetInto):
         except Exception as exc:  # the next pass retries; puts must not fail for it
             log.warning("%s", self._bucket.fault(exc, "cleanup pass"))
 
+    def _list_root(self, store: S3Store, limit: int | None) -> tuple[Listed, float, bool]:
+        """LIST the namespace (up to ``limit`` objects, while open): what it found,
+        its start for :meth:`.Presence.listed`, and whether it saw the whole namespace."""
+        with self._lock:
+            since = self._cache.listing_started()
+        try:
+            listed, whole = list_names(store, self._root + "/", limit, lambda: not self._pool)
+        except BaseException:
+            with self._lock:
+                self._cache.listed((), since, whole=False)
+            raise
+        return listed, since, whole
+
+    def _learn_listed(self, store: S3Store) -> None:
+        """Learn the keys stored (``lookup_index``) from a LIST, on a thread at open."""
+        try:
+            listed, since, whole = self._list_root(store, KNOWN_MAX)
+        except Exception as exc:  # lookups ask the bucket instead
+            log.debug("%s", self._bucket.fault(exc, "lookup index"))
+            return
+        with self._lock:
+            self._cache.listed(((k, m) for m, _, k, _ in listed), since, whole=whole)
+
     def _rescan(self, store: S3Store, *, initial: bool) -> None:
         """LIST the namespace, rebuild the index, delete what is too old or over capacity."""
         started = time.time()
-        listed: list[tuple[float, str, bytes, int]] = []
-        prefix = self._root + "/"
-        for chunk in obstore.list(store, prefix, chunk_size=1000):
-            for meta in chunk:
-                rel = meta["path"][len(prefix) :].split("/")
-                # only names this backend writes: <hex[0:2]>/<hex>
-                if len(rel) == 2 and _NAME_RE.match(rel[1]) and rel[0] == rel[1][:2]:
-                    key = bytes.fromhex(rel[1])
-                    listed.append((meta["last_modified"].timestamp(), rel[1], key, meta["size"]))
+        listed, since, _ = self._list_root(store, None)
         cutoff = None if self._max_age is None else started - self._max_age
         with self._lock:
+            self._cache.listed(((k, m) for m, _, k, _ in listed), since, whole=True)
             index = self._index
             if initial or index is None:
                 index = (S3FifoIndex(self._capacity)
