@@ -30,6 +30,12 @@ connection's requests in order, the thread whose reply is next on the wire
 reads it itself, straight into its destination (``recv_into`` into the
 caller's buffers in ``kvtier_get_into``).
 
+``kvtier_keep`` marks blocks kept on the servers that hold them (KEEP and
+RELEASE requests), at their own tiers, within those tiers' ``keep`` budget
+for the tenant ``default`` (the server counts every namespace as it); a
+server of before those requests answers each mark False (refused) and each
+release None, and its connection stays up (docs/tenants.md, "Keep").
+
 ``kvtier_scan`` is not implemented: the blocks live in the serving nodes'
 own chains, which may span several tiers per node (RAM, disk, a bucket), so
 a listing through this client could neither say which tier holds a block nor
@@ -64,7 +70,7 @@ from kvtier.spec import (
     ProtocolError,
     RefusedError,
 )
-from kvtier.spec.base import Evicted, GetInto, PutParts
+from kvtier.spec.base import Evicted, GetInto, Keep, PutParts
 from kvtier.spec.shared import CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
 
 from .ring import Ring
@@ -118,6 +124,7 @@ class _Call:
     payload_len: int = 0
     conn: Conn | None = None
     rid: int = 0
+    lacking: bool = False  # an optional request the peer's server predates: not sent
 
 
 #: Consumes one reply; returns the indices to ask the same peer for again.
@@ -139,7 +146,7 @@ class _Round:
     again: dict[int, list[int]] = field(default_factory=dict)
 
 
-class PeerBackend(PutParts, GetInto):
+class PeerBackend(PutParts, GetInto, Keep):
     """Blocks held by other nodes' ``kvtier serve``, over the kvtier peer protocol."""
 
     name = "peer"
@@ -321,6 +328,31 @@ class PeerBackend(PutParts, GetInto):
                        result.__getitem__ if kind == pp.LOOKUP else None)
         return result
 
+    def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        # per key: False where a server refused (or cannot keep: it predates KEEP),
+        # else True where one kept (released) it, else None (held by none)
+        result: list[bool | None] = [None] * len(keys)
+        calls: list[_Call] = []
+
+        def build(peer: Peer, chunk: list[int]) -> _Call:
+            calls.append(_Call(peer, chunk, {"t": pp.KEEP if keep else pp.RELEASE,
+                                             "k": [keys[i] for i in chunk]}))
+            return calls[-1]
+
+        def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
+            if reply.marks is None or len(reply.marks) != len(call.indices):
+                raise ProtocolError("KEEP reply does not match its keys")
+            for i, answer in zip(call.indices, reply.marks):
+                if answer is False or (answer is True and result[i] is None):
+                    result[i] = answer
+            return []
+
+        self._dispatch("keep", keys, list(range(len(keys))), build, done, None)
+        for call in calls:
+            for i in call.indices if call.lacking and keep else ():
+                result[i] = False
+        return result
+
     # machinery --------------------------------------------------------------------
     @staticmethod
     def _flags_into(result: list[bool]) -> Handler:
@@ -399,6 +431,10 @@ class PeerBackend(PutParts, GetInto):
                 for chunk in chunks(keys, groups[peer_index], sizes, conn.max_payload,
                                     hard=what == "put"):
                     call = build(peer, chunk)
+                    if call.header["t"] in pp.OPTIONAL and call.header["t"] not in conn.extras:
+                        call.lacking = True  # its server predates the request: not sent
+                        run.done.update(chunk)
+                        continue
                     call.rid, pipelined, sent = conn.send(call.header, call.parts,
                                                           call.payload_len, run.deadline)
                     call.parts, call.conn = (), conn

@@ -72,9 +72,11 @@ class Payload:
 class Conn:
     """One connection to a peer, shared by threads; replies come in request order."""
 
-    def __init__(self, sock: socket.socket, label: str, max_payload: int) -> None:
+    def __init__(self, sock: socket.socket, label: str, max_payload: int,
+                 extras: frozenset[int] = frozenset()) -> None:
         # the smaller of both sides' payload limits, agreed in the handshake
         self.sock, self.label, self.max_payload = sock, label, max_payload
+        self.extras = extras  # the optional requests the server answers (pp.OPTIONAL)
         self.send_lock = threading.Lock()
         self.cond = threading.Condition()
         self.queue: deque[int] = deque()  # ids of requests on the wire, oldest first
@@ -237,13 +239,13 @@ def connect(peer: Peer, deadline: float, *, namespace: str, secret: bytes | None
                                     timeout=max(0.001, deadline - time.monotonic()))
     try:
         pp.tune(sock)
-        limit = pp.client_handshake(sock, namespace=namespace, secret=secret,
-                                    max_payload=max_payload, label=peer.label,
-                                    deadline=deadline)
+        limit, extras = pp.client_greeting(sock, namespace=namespace, secret=secret,
+                                           max_payload=max_payload, label=peer.label,
+                                           deadline=deadline)
     except BaseException:
         sock.close()
         raise
-    return Conn(sock, peer.label, limit)
+    return Conn(sock, peer.label, limit, extras)
 
 
 def chunks(keys: Sequence[bytes], indices: list[int], sizes: list[int] | None,

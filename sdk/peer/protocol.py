@@ -37,7 +37,15 @@ Requests carry ``id`` and are batched (``k``: list of keys)::
     LOOKUP {id, k}                        -> REPLY {id, r: [found]}
     EVICT  {id, k}                        -> REPLY {id, r: [removed]}
     STATS  {id}                           -> REPLY {id} + msgpack stats map
+    KEEP   {id, k}                        -> REPLY {id, o: [kept | None]}   (optional)
+    RELEASE {id, k}                       -> REPLY {id, o: [True | None]}   (optional)
     any                                   -> ERROR {id, c, m} (the request failed)
+
+Optional requests are sent only to a server whose WELCOME lists them in
+``x`` (a list of message types; a server of before them sends no ``x``, and
+would close a connection on a type it does not know).  KEEP and RELEASE mark
+blocks kept, or release them, at the tiers of the connection's chain
+(``kvtier_keep``): per key True, False (refused) or None (not held there).
 
 In a GET reply ``None`` is a miss and ``-1`` a block that did not fit in this
 reply's payload limit: ask for it again.  The server answers the requests of
@@ -79,6 +87,7 @@ __all__ = [
     "MAX_KEY_LEN",
     "PROTOCOL_VERSION",
     "FrameReader",
+    "client_greeting",
     "client_handshake",
     "decode_frame",
     "format_address",
@@ -110,12 +119,14 @@ MAX_U32 = 0xFFFFFFFF
 
 # message types (plain ints: they travel as msgpack ints)
 HELLO, WELCOME, AUTH, AUTH_OK, ERROR = 1, 2, 3, 4, 5
-GET, PUT, LOOKUP, EVICT, STATS = 16, 17, 18, 19, 20
+GET, PUT, LOOKUP, EVICT, STATS, KEEP, RELEASE = 16, 17, 18, 19, 20, 21, 22
 REPLY = 32
-REQUESTS = frozenset({GET, PUT, LOOKUP, EVICT, STATS})
+#: Requests a server answers only if its WELCOME lists them (``x``).
+OPTIONAL = frozenset({KEEP, RELEASE})
+REQUESTS = frozenset({GET, PUT, LOOKUP, EVICT, STATS}) | OPTIONAL
 NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", AUTH: "AUTH", AUTH_OK: "AUTH_OK",
          ERROR: "ERROR", GET: "GET", PUT: "PUT", LOOKUP: "LOOKUP", EVICT: "EVICT",
-         STATS: "STATS", REPLY: "REPLY"}
+         STATS: "STATS", KEEP: "KEEP", RELEASE: "RELEASE", REPLY: "REPLY"}
 #: Size of a GET reply entry for a block that did not fit: ask again.
 RETRY = -1
 
@@ -140,6 +151,7 @@ class Welcome:
     nonce: bytes
     auth: bool
     max_payload: int
+    extras: frozenset[int] = frozenset()  # the optional requests the server answers
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,7 @@ class Reply:
     rid: int
     sizes: list[int | None] | None  # GET
     flags: list[bool] | None  # PUT, LOOKUP, EVICT
+    marks: list[bool | None] | None = None  # KEEP, RELEASE
 
 
 Message = Hello | Welcome | Auth | Error | Request | Reply
@@ -263,8 +276,11 @@ def _greeting(kind: int, h: dict[str, Any], payload_len: int) -> Hello | Welcome
                                    f"{PROTOCOL_VERSION}", version)
     _no_payload(kind, payload_len)
     if kind == WELCOME:
+        extras = _list(h, "x") if "x" in h else []  # unknown types: a newer server's
+        if any(type(x) is not int for x in extras):
+            raise ProtocolError("field 'x' must be a list of message types")
         return Welcome(version, _bin(h, "n", NONCE_LEN), _bool(h, "a"),
-                       _int(h, "mp", 1024, MAX_U32))
+                       _int(h, "mp", 1024, MAX_U32), frozenset(extras) & OPTIONAL)
     namespace = _str(h, "ns")
     if len(namespace) != 32 or namespace.strip("0123456789abcdef"):
         raise ProtocolError("field 'ns' must be 32 lowercase hex digits")
@@ -306,6 +322,12 @@ def _reply(h: dict[str, Any], payload_len: int) -> Reply:
         if len(flags) > MAX_KEYS or any(type(f) is not bool for f in flags):
             raise ProtocolError("reply flags must be booleans")
         return Reply(rid, None, flags)
+    if "o" in h:
+        _no_payload(REPLY, payload_len)
+        marks = _list(h, "o")
+        if len(marks) > MAX_KEYS or any(m is not None and type(m) is not bool for m in marks):
+            raise ProtocolError("reply outcomes must be booleans or nil")
+        return Reply(rid, None, None, marks)
     return Reply(rid, None, None)  # STATS: the payload is a msgpack map
 
 
@@ -472,7 +494,7 @@ def server_handshake(sock: socket.socket, reader: FrameReader, secret: bytes | N
         raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
     server_nonce = nonce()
     welcome = {"t": WELCOME, "v": PROTOCOL_VERSION, "n": server_nonce, "a": secret is not None,
-               "mp": max_payload}
+               "mp": max_payload, "x": sorted(OPTIONAL)}
     send_buffers(sock, [frame(welcome)], deadline)
     if secret is None:
         return hello
@@ -496,6 +518,13 @@ def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | Non
 
     Raises :class:`RefusedError` (naming ``label``) for a configuration mismatch.
     """
+    return client_greeting(sock, namespace=namespace, secret=secret, max_payload=max_payload,
+                           label=label, deadline=deadline)[0]
+
+
+def client_greeting(sock: socket.socket, *, namespace: str, secret: bytes | None,
+                    max_payload: int, label: str, deadline: float) -> tuple[int, frozenset[int]]:
+    """:func:`client_handshake`, and the optional requests the server answers."""
     hello = Hello(PROTOCOL_VERSION, namespace, nonce(), secret is not None, max_payload)
     send_buffers(sock, [frame({"t": HELLO, "v": hello.version, "ns": namespace,
                                "n": hello.nonce, "a": hello.auth, "mp": max_payload})], deadline)
@@ -508,7 +537,7 @@ def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | Non
                       "option (e.g. secret: ${KVTIER_PEER_SECRET})", auth=True)
     limit = min(max_payload, welcome.max_payload)
     if secret is None:
-        return limit
+        return limit, welcome.extras
     if not welcome.auth:
         raise RefusedError(f"peer {label} does not authenticate, but this tier has a secret: "
                       "refusing a server that cannot prove it knows it (start it with "
@@ -520,7 +549,7 @@ def client_handshake(sock: socket.socket, *, namespace: str, secret: bytes | Non
         raise ProtocolError(f"peer {label}: expected AUTH_OK")
     if not check_proof(proof(secret, b"server", hello, welcome.nonce), ok.mac):
         raise RefusedError(f"peer {label} failed to prove it knows the secret", auth=True)
-    return limit
+    return limit, welcome.extras
 
 
 def _expect(sock: socket.socket, reader: FrameReader, label: str, deadline: float) -> Message:

@@ -62,6 +62,7 @@ from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
 from kvtier.config.chain_config import ChainConfig, load_config
 from kvtier.config.units import format_size, parse_duration, parse_size
+from kvtier.peer import answers
 from kvtier.peer import protocol as pp
 from kvtier.peer._limits import Connection, Connections, PayloadBudget
 from kvtier.plugins.registry import BackendRegistry
@@ -454,48 +455,20 @@ class PeerServer:
         """The reply to one request, as a gather list (frame head, then blobs)."""
         keys, rid = request.keys, request.rid
         if request.kind == pp.GET:
-            return self._get(rid, chain, keys, limit)
+            return answers.get(rid, chain, keys, limit)
+        if request.kind in (pp.KEEP, pp.RELEASE):  # of this connection's namespace only
+            marks = answers.keep(chain, keys, request.kind == pp.KEEP)
+            return [pp.frame({"t": pp.REPLY, "id": rid, "o": marks})]
         if request.kind == pp.PUT:
             flags = chain.put_blobs(keys, blobs, verify=False)  # checked where read
         elif request.kind == pp.LOOKUP:
             flags = [where is not None for where in chain.lookup(keys)]
         elif request.kind == pp.EVICT:
-            flags = self._evict(chain, keys)
+            flags = answers.evict(chain, keys)
         else:  # STATS
             payload: bytes = msgpack.packb(self.stats(), use_bin_type=True, default=str)
             return [pp.frame({"t": pp.REPLY, "id": rid}, len(payload)), payload]
         return [pp.frame({"t": pp.REPLY, "id": rid, "r": [bool(f) for f in flags]})]
-
-    @staticmethod
-    def _get(rid: int, chain: Chain, keys: list[bytes], limit: int) -> list[BytesLike]:
-        sizes: list[int | None] = []
-        parts: list[BytesLike] = []
-        total = 0
-        for blob in chain.get_blobs(keys):
-            if blob is None:
-                sizes.append(None)
-                continue
-            size = memoryview(blob).nbytes
-            if size > limit:
-                sizes.append(None)  # can never travel to this client: a miss
-            elif total + size > limit:
-                sizes.append(pp.RETRY)  # the client asks for it in its next request
-            else:
-                sizes.append(size)
-                parts.append(blob)
-                total += size
-        return [pp.frame({"t": pp.REPLY, "id": rid, "s": sizes}, total), *parts]
-
-    @staticmethod
-    def _evict(chain: Chain, keys: list[bytes]) -> list[bool]:
-        # Chain.evict answers a count; the protocol answers per key, so do what it
-        # does (finish queued writes, then evict from every tier) keeping the flags.
-        chain.flush()
-        removed = [False] * len(keys)
-        for tier in chain.tiers:
-            for i, flag in enumerate(tier.evict(keys)):
-                removed[i] = removed[i] or flag
-        return removed
 
 
 def _seconds(name: str, text: str, *, positive: bool = False) -> float:

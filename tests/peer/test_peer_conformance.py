@@ -18,6 +18,7 @@ from peer_server import PeerServer, node_config
 
 from kvtier.testing import BackendTests
 from kvtier.testing.framed import FramedTests
+from kvtier.testing.keep import KeepTests
 
 #: Hypothesis budget of the stateful group here: every step is a network round
 #: trip to a server sharing two cores with the test, so fewer examples than the
@@ -76,3 +77,26 @@ class TestPeerChainUnderRam(BackendTests):
             "ram": "256KiB",
             "persistent": True,
         }
+
+
+@pytest.fixture(scope="module")
+def keeping_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerServer]:
+    """A ``kvtier serve`` whose RAM tier keeps marks: a ``keep`` budget for every tenant
+    (the server counts each namespace as the tenant ``default``)."""
+    root = tmp_path_factory.mktemp("kit-peer-keep")
+    config = node_config(root, ram="64MiB")
+    config["chain"][0]["tenants"] = {"*": {"keep": "8MiB"}}
+    with PeerServer(root, config=config, secret=PEER_SECRET) as server:
+        yield server
+
+
+class TestPeerChainKeep(KeepTests):
+    """The kit's ``keep`` group through a chain of one ``peer`` tier: KEEP and RELEASE
+    reach the server's tiers (a peer tier declares no capacity: the kit's flood is
+    ``tests/peer/test_peer_keep.py``'s)."""
+
+    backend = "kit_targets:PeerChainBackend"
+
+    @pytest.fixture
+    def backend_options(self, keeping_node: PeerServer) -> dict[str, Any]:
+        return {"peer": keeping_node.address, "secret": PEER_SECRET, "persistent": True}

@@ -35,7 +35,8 @@ key_lists = st.lists(keys, max_size=20)
 def valid_frames(draw: st.DrawFn) -> bytes:
     """A well-formed frame of any message type, payload included."""
     kind = draw(st.sampled_from(["hello", "welcome", "auth", "error", "get", "put", "lookup",
-                                 "stats", "reply_sizes", "reply_flags"]))
+                                 "stats", "keep", "reply_sizes", "reply_flags",
+                                 "reply_marks"]))
     rid = draw(st.integers(0, 1 << 40))
     payload = b""
     header: dict[str, Any]
@@ -45,6 +46,8 @@ def valid_frames(draw: st.DrawFn) -> bytes:
     elif kind == "welcome":
         header = {"t": pp.WELCOME, "v": 1, "n": bytes(32), "a": draw(st.booleans()),
                   "mp": 1 << 20}
+        if draw(st.booleans()):  # the optional requests (a server of before sends none)
+            header["x"] = draw(st.lists(st.integers(0, 255), max_size=4))
     elif kind == "auth":
         header = {"t": draw(st.sampled_from([pp.AUTH, pp.AUTH_OK])), "mac": bytes(32)}
     elif kind == "error":
@@ -58,6 +61,12 @@ def valid_frames(draw: st.DrawFn) -> bytes:
         payload = b"".join(blobs)
     elif kind == "stats":
         header = {"t": pp.STATS, "id": rid}
+    elif kind == "keep":
+        header = {"t": draw(st.sampled_from([pp.KEEP, pp.RELEASE])), "id": rid,
+                  "k": draw(key_lists)}
+    elif kind == "reply_marks":
+        header = {"t": pp.REPLY, "id": rid,
+                  "o": draw(st.lists(st.one_of(st.none(), st.booleans()), max_size=10))}
     elif kind == "reply_sizes":
         blobs = draw(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=10))
         header = {"t": pp.REPLY, "id": rid, "s": [None if b is None else len(b) for b in blobs]}
@@ -128,6 +137,21 @@ def test_mutated_frames_raise_only_protocol_errors(data: bytes) -> None:
 @given(valid_frames())
 def test_valid_frames_decode(data: bytes) -> None:
     decode_all(data)
+
+
+def test_a_welcome_names_the_optional_requests_it_answers() -> None:
+    """A server of before KEEP sends no ``x``; types a client does not know are dropped."""
+    base = {"t": pp.WELCOME, "v": 1, "n": bytes(32), "a": False, "mp": 1 << 20}
+    old = pp.parse_message(base, 0)
+    assert isinstance(old, pp.Welcome) and old.extras == frozenset()
+    new = pp.parse_message({**base, "x": [pp.KEEP, pp.RELEASE, 200]}, 0)
+    assert isinstance(new, pp.Welcome) and new.extras == {pp.KEEP, pp.RELEASE}
+    with pytest.raises(ProtocolError):
+        pp.parse_message({**base, "x": ["KEEP"]}, 0)
+    reply = pp.parse_message({"t": pp.REPLY, "id": 3, "o": [True, None, False]}, 0)
+    assert reply == pp.Reply(3, None, None, [True, None, False])
+    with pytest.raises(ProtocolError):
+        pp.parse_message({"t": pp.REPLY, "id": 3, "o": [1]}, 0)
 
 
 class BytesSocket:

@@ -1,0 +1,65 @@
+"""What ``kvtier serve`` answers per key: a GET's blobs, an EVICT's and a KEEP's flags.
+
+Each works on the chain of the connection's namespace, the one its handshake
+named, so a request can reach no other namespace's blocks, and no other
+tenant's: a tenant is a namespace apart (docs/tenants.md).  The server's
+tiers count every namespace as the tenant ``default`` (they are not told the
+client's tenant), so a KEEP is bounded by the ``keep`` budget of their
+``default`` rule (else ``"*"``'s).
+"""
+
+from __future__ import annotations
+
+from kvtier.chain.chain import Chain
+from kvtier.chain.keeping import mark
+from kvtier.peer import protocol as pp
+from kvtier.spec import BytesLike
+
+__all__ = ["evict", "get", "keep"]
+
+
+def get(rid: int, chain: Chain, keys: list[bytes], limit: int) -> list[BytesLike]:
+    """A GET's reply as a gather list: the frame head, then the blobs found that fit."""
+    sizes: list[int | None] = []
+    parts: list[BytesLike] = []
+    total = 0
+    for blob in chain.get_blobs(keys):
+        if blob is None:
+            sizes.append(None)
+            continue
+        size = memoryview(blob).nbytes
+        if size > limit:
+            sizes.append(None)  # can never travel to this client: a miss
+        elif total + size > limit:
+            sizes.append(pp.RETRY)  # the client asks for it in its next request
+        else:
+            sizes.append(size)
+            parts.append(blob)
+            total += size
+    return [pp.frame({"t": pp.REPLY, "id": rid, "s": sizes}, total), *parts]
+
+
+def evict(chain: Chain, keys: list[bytes]) -> list[bool]:
+    """Per key, whether some tier removed it."""
+    # Chain.evict answers a count; the protocol answers per key, so do what it
+    # does (finish queued writes, then evict from every tier) keeping the flags.
+    chain.flush()
+    removed = [False] * len(keys)
+    for tier in chain.tiers:
+        for i, flag in enumerate(tier.evict(keys)):
+            removed[i] = removed[i] or flag
+    return removed
+
+
+def keep(chain: Chain, keys: list[bytes], marked: bool) -> list[bool | None]:
+    """Mark (``marked``) or release ``keys`` at every tier that keeps marks, as
+    ``kvtier_keep`` answers: per key False where a tier refused the mark, True where
+    one kept (released) it, None where no tier that keeps marks holds it."""
+    if marked:
+        chain.flush()  # queued copies land first, as Chain.keep does
+    out: list[bool | None] = [None] * len(keys)
+    for tier in chain.tiers:
+        for i, answer in enumerate(mark(tier, keys, marked)):
+            if answer is False or (answer is True and out[i] is None):
+                out[i] = answer
+    return out
