@@ -136,15 +136,18 @@ def test_cli_certifies_the_redis_backend(redis_server: RedisServer, tmp_path: Pa
     assert report["totals"]["failed"] == 0 and report["totals"]["passed"] > 60
     assert set(report["groups"]) == set(GROUPS)
     # with a capacity and kit_tamper, every group applies but framed (redis
-    # stores any bytes) and keep (it keeps no marks); only the checks of the
-    # optional zero-copy and keep hooks and of blocks over the limits skip
-    expected_skips = ("kvtier_put_parts", "kvtier_get_into", "kvtier_keep", "limit of",
-                      "too large")
+    # stores any bytes); only the checks of the optional zero-copy hooks, of
+    # blocks over the limits and of a kept block under pressure skip (without
+    # `tenants` no budget: every mark is refused, checked with one below)
+    # (and kvtier_expire, contract 1.3's deadlines per block, where the kit has it:
+    # redis gives blocks the tier's `expire` only)
+    expected_skips = ("kvtier_put_parts", "kvtier_get_into", "limit of", "too large",
+                      "give no keep budget", "kvtier_expire")
     framed = report["groups"].pop("framed")
     assert framed["skip_reasons"] == ["backend 'redis' does not declare framed_only=True"]
-    keep = report["groups"].pop("keep")
-    assert keep["passed"] == 0 and keep["failed"] == 0
-    assert keep["skip_reasons"] == ["backend 'redis' does not implement kvtier_keep"]
+    expire = report["groups"].pop("expire", None)
+    assert expire is None or expire["failed"] == 0
+    assert report["groups"]["keep"]["passed"] == 1
     for name, group in report["groups"].items():
         assert group["selected"] and group["failed"] == 0, (name, group)
         assert group["passed"] > 0, (name, group)
@@ -155,6 +158,27 @@ def test_cli_certifies_the_redis_backend(redis_server: RedisServer, tmp_path: Pa
     assert report["groups"]["capacity"]["passed"] == 4
     assert report["groups"]["corruption"]["passed"] == 8
     assert "kvtier-redis 0.1.0" in proc.stdout and "PASS" in proc.stdout
+
+
+def test_cli_certifies_the_redis_backends_keep(redis_server: RedisServer, tmp_path: Path) -> None:
+    """``kvtier conformance redis --group keep`` with a budget: a block kept through three
+    capacities of other puts (the kit's every keep check passes, none skips)."""
+    report_path = tmp_path / "keep.json"
+    argv = [
+        str(Path(sys.executable).with_name("kvtier")), "conformance", "redis", "--group", "keep",
+        "--option", f"url={redis_server.url(DB_CLI)}", "--option", "capacity=4MiB",
+        "--option", "tenants={'*': {keep: 1MiB}}", "--report", str(report_path),
+    ]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                              env=dict(os.environ, COLUMNS="200"))
+    finally:
+        flush(redis_server, DB_CLI)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["verdict"] == "pass" and report["options"]["tenants"] == {"*": {"keep": "1MiB"}}
+    keep = report["groups"]["keep"]
+    assert (keep["passed"], keep["failed"], keep["skip_reasons"]) == (2, 0, [])
 
 
 # --- registration -----------------------------------------------------------------
@@ -312,7 +336,8 @@ def test_blocks_are_stored_raw_under_the_prefix(direct: str, redis_server: Redis
             *(f"layout:{NS}:{name}".encode() for name in ("lru", "size", "meta")),
         }
     assert backend.kvtier_stats() == {"used_bytes": 301_001, "blocks": 2, "evictions": 0,
-                                      "tenant_bytes.default": 301_001}
+                                      "tenant_bytes.default": 301_001, "kept_blocks": 0,
+                                      "kept_bytes": 0, "keep_refused": 0}
     backend.kvtier_close()
 
 
@@ -330,6 +355,7 @@ def test_least_recently_used_is_evicted_and_reported(direct: str) -> None:
     assert backend.kvtier_stats() == {
         "used_bytes": 3000, "blocks": 3, "evictions": 1, "capacity_bytes": 3000,
         "tenant_bytes.default": 3000, "tenant_evicted.default": 1,
+        "kept_blocks": 0, "kept_bytes": 0, "keep_refused": 0,
     }
     # larger than the capacity: refused, and nothing is pushed out for it
     evicted.clear()

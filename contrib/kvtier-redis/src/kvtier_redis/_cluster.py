@@ -9,7 +9,8 @@ capacity is split evenly, ``capacity // shards`` bytes per shard, evicted LRU
 within the shard.  With ``tenants``, the shards are the pool's, ``{pool:<s>}``,
 shared by every namespace under the prefix, and each tenant's quota is split
 evenly too: ``quota // shards`` bytes per shard, so a tenant holds at most its
-quota in all (README.md, "Tenants on a cluster").  The shard count is fixed
+quota in all (README.md, "Tenants on a cluster"); its retention budget (``keep``)
+likewise, ``keep // shards`` kept bytes per shard.  The shard count is fixed
 when the namespace (or pool) is first opened and stored in the cluster
 (``<prefix>:{<namespace>}:shards``, ``<prefix>:{pool}:shards``), because
 changing it would move every block to another shard.
@@ -47,7 +48,17 @@ from redis.retry import Retry
 
 from kvtier.spec import BackendError, BytesLike, ConfigError, Failed
 
-from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, add_stats, check_rules, stats_of
+from ._space import (
+    EVICT,
+    SCRIPTS,
+    STATS,
+    TOUCH,
+    Space,
+    add_stats,
+    check_rules,
+    keep_answers,
+    stats_of,
+)
 
 #: What a shard answers when its commands did not get through.
 ShardFailure = Failed[BaseException]
@@ -283,6 +294,29 @@ class ClusterStore:
         self._raise_if_all_failed(answers)
         return removed
 
+    def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        """Marks per shard, each within its part of the budget; a shard that failed
+        answers False for its keys (not kept)."""
+        by_shard = self._by_shard(keys)
+        commands: dict[int, list[Command]] = {}
+        parts: dict[int, list[list[int]]] = {}
+        for s, indices in by_shard.items():
+            shard = self._shards[s]
+            parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
+                        for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
+            commands[s] = [shard.keep([keys[i] for i in part], keep) for part in parts[s]]
+        out: list[bool | None] = [False] * len(keys)
+        answers = self._execute(commands)
+        for s, shard_answers in answers.items():
+            if isinstance(shard_answers, Failed):
+                continue
+            for part, answer in zip(parts[s], shard_answers):
+                flags = keep_answers(answer, len(part))
+                for index, flag in zip(part, flags or ()):
+                    out[index] = flag
+        self._raise_if_all_failed(answers)
+        return out
+
     def stats(self) -> dict[str, int]:
         commands: dict[int, list[Command]] = {
             s: [shard.call(STATS)] for s, shard in enumerate(self._shards)
@@ -294,7 +328,7 @@ class ClusterStore:
             error = next((a for a in shard_answers if isinstance(a, Exception)), None)
             if error is not None:
                 raise self._fault(error)
-            add_stats(total, stats_of(shard_answers[0]))
+            add_stats(total, stats_of(shard_answers[0], self.settings.tenant))
         return total
 
     def tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:

@@ -7,17 +7,21 @@ effects or none.  A **key space** is one namespace (``<prefix>:<namespace>:``,
 one tenant's blocks), or, where the tier has ``tenants`` rules, the **pool**
 of every namespace under the prefix (``<prefix>:pool:``), whose capacity the
 tenants share (a shard of either on a cluster).  Every script takes the space's
-four bookkeeping keys:
+five bookkeeping keys:
 
 ``KEYS[1]``  a hash of member -> its size in bytes as accounted, and in a pool
              ``<size>:<tenant>``
 ``KEYS[2]``  a hash of counters: ``used`` (bytes), ``evictions``, ``clock``, the
-             pool's ``rules``, and per tenant ``b:<t>`` (bytes held), ``r:<t>``
-             (blocks refused), ``e:<t>`` (evicted), ``x:<t>`` (expired)
+             pool's ``rules``, ``kept`` (bytes of the kept blocks), and per tenant
+             ``b:<t>`` (bytes held), ``r:<t>`` (blocks refused), ``e:<t>``
+             (evicted), ``x:<t>`` (expired), ``k:<t>`` (bytes kept), ``kr:<t>``
+             (marks refused)
 ``KEYS[3]``  a sorted set of member -> the time (ms) its block expires, for the
              blocks written with an ``expire``
 ``KEYS[4]``  a hash of member -> the time (ms) its block expires at the latest
              (``after``), where ``unused`` may push its expiry back
+``KEYS[5]``  a hash of member -> its recency tick, for the blocks kept
+             (``kvtier_keep``), which are out of the recency index meanwhile
 
 and a common head of arguments (:data:`HEAD`), then its own.  A **member**
 names a block in its space: the user key in a namespace's space,
@@ -38,6 +42,18 @@ sweeps: it takes the members whose expiry time has passed from ``KEYS[3]``
 ``x:<tenant>``.  So the counts hold an expired block's bytes until the next
 script on its space (a put, get, evict or ``stats()`` of any process).
 
+**Kept blocks** (:data:`KEEP`) are taken out of their tenant's recency index
+while marked, so the eviction of a put, which takes the oldest member of an
+index, never meets them and pays nothing for them: no put looks at the marks.
+Their bytes still count in ``used`` and ``b:<tenant>`` (a kept block holds
+its room), so a tenant that only kept blocks could give room for has none to
+give: a put that needs it is refused.  Where the victim tenant has nothing
+but kept blocks left, the next tenant most beyond its share gives the room,
+as :mod:`kvtier.backends.fs.pool_tenants` does.  Every removal of a block's
+bookkeeping (:func:`forget`: an explicit evict, an expiry, a block found
+gone) drops its mark with it, so expiry wins over keep and a block stored
+again is unmarked.
+
 **The victim of a full pool** is chosen by :func:`victim` below, which applies
 the rule of :meth:`kvtier.policies.tenancy.TenantRules.victim` (and its
 ``shares``) step for step: the tenant most beyond its share, counting the put
@@ -52,7 +68,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["EVICT", "HEAD", "PUT", "STATS", "TOUCH", "sha1"]
+__all__ = ["EVICT", "HEAD", "KEEP", "PUT", "STATS", "TOUCH", "sha1"]
 
 #: The arguments every script takes first, in order.
 HEAD = ("data head", "lru head", "pooled (1 or 0)", "tenant", "own member prefix",
@@ -60,7 +76,7 @@ HEAD = ("data head", "lru head", "pooled (1 or 0)", "tenant", "own member prefix
         "unused (ms, 0: none)")
 
 _PRELUDE = r"""
-local sizes, meta, expiry, limits = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sizes, meta, expiry, limits, kept = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dhead, lruhead, pooled, writer, own = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
 local capacity = tonumber(ARGV[6])
 local rules = nil
@@ -96,6 +112,10 @@ local function forget(member, counter)
   redis.call('HDEL', sizes, member)
   redis.call('HDEL', limits, member)
   redis.call('ZREM', lru(tenant), member)
+  if redis.call('HDEL', kept, member) == 1 then  -- expiry and evict win over keep
+    redis.call('HINCRBY', meta, 'kept', -size)
+    redis.call('HINCRBY', meta, 'k:' .. tenant, -size)
+  end
   used = redis.call('HINCRBY', meta, 'used', -size)
   held[tenant] = redis.call('HINCRBY', meta, 'b:' .. tenant, -size)
   if counter then redis.call('HINCRBY', meta, counter .. tenant, 1) end
@@ -110,6 +130,14 @@ local function sweep()
     if left == -2 then forget(member, 'x:')
     elseif left == -1 then redis.call('ZREM', expiry, member)
     else redis.call('ZADD', expiry, now + left, member) end
+  end
+end
+
+-- a use of a stored member: its tick in the recency index, or in its mark if kept
+local function use(member, tenant, tick)
+  if redis.call('ZADD', lru(tenant), 'XX', 'CH', tick, member) == 0
+      and redis.call('HEXISTS', kept, member) == 1 then
+    redis.call('HSET', kept, member, tick)
   end
 end
 
@@ -178,11 +206,13 @@ local function shares(tenants)
 end
 
 -- TenantRules.victim: the tenant most beyond its share, the put counted as the
--- writer's; on a tie the writer, then the first in byte order
-local function victim(size)
+-- writer's; on a tie the writer, then the first in byte order.  Tenants in
+-- `empty` (found with nothing evictable: all kept) count as holding nothing
+local function victim(size, empty)
+  empty = empty or {}
   local tenants, present = {}, false
   for t, n in pairs(held) do
-    if n > 0 then
+    if n > 0 and not empty[t] then
       tenants[#tenants + 1] = t
       if t == writer then present = true end
     end
@@ -193,6 +223,7 @@ local function victim(size)
   local best, best_over, best_writes = nil, 0, false
   for _, t in ipairs(tenants) do
     local over = (held[t] or 0) - share[t]
+    if empty[t] then over = -share[t] end
     if t == writer then over = over + size end
     local writes = t == writer
     if not best or over > best_over or (over == best_over and writes and not best_writes) then
@@ -251,7 +282,7 @@ for i = 1, n do
   if redis.call('EXISTS', dkey) == 1 then
     -- immutable per key: keep what is there, count the put as a use
     local _, tenant = entry(member)
-    redis.call('ZADD', lru(tenant or writer), 'XX', clock + i, member)
+    use(member, tenant or writer, clock + i)
     refresh(member)
     stored[i] = 1
   else
@@ -264,10 +295,13 @@ for i = 1, n do
       fits = (held[writer] or 0) + size <= quota
     end
     if fits and capacity > 0 then
+      local empty = {}  -- tenants with nothing but kept blocks left
       while used + size > capacity do
         local tenant = writer
-        if pooled then tenant = victim(size) end
-        if not evict_oldest(tenant) then break end
+        if pooled then tenant = victim(size, empty) end
+        if evict_oldest(tenant) then
+        elseif pooled and not empty[tenant] then empty[tenant] = true
+        else break end
       end
       fits = used + size <= capacity
     end
@@ -321,19 +355,77 @@ for i = 1, n do
   local member = ARGV[9 + i]
   local size, tenant = entry(member, true)  -- a read never fails on bookkeeping
   if size then
-    redis.call('ZADD', lru(tenant), 'XX', clock + i, member)
+    use(member, tenant, clock + i)
     refresh(member)
   end
 end
 return n
 """
 
-#: The counters after a sweep: ``{HGETALL meta, blocks}``.
-STATS = _PRELUDE + r"""
-return {redis.call('HGETALL', meta), redis.call('HLEN', sizes)}
+#: Mark blocks kept, or release them.  ARGV after :data:`HEAD`: ``1`` (mark) or
+#: ``0`` (release), then members.  Answers per member 1 (kept; released), 0
+#: (refused: beyond its tenant's budget or, all tenants' together, the capacity,
+#: counted in ``kr:<writer>``; or a block the space does not account) or -1 (not
+#: stored: a member whose block is gone is forgotten first, so an expired block
+#: is no longer kept).  A mark takes the member out of its recency index, with
+#: its tick; a release puts it back at that tick (:func:`use` moves it on).
+KEEP = _PRELUDE + r"""
+local mark = ARGV[10] == '1'
+local answers = {}
+local total = tonumber(redis.call('HGET', meta, 'kept') or '0')
+
+-- TenantRules: the tenant's retention budget, `keep`, at most its quota
+local function budget(tenant)
+  local found = rules and (rules[tenant] or rules['*'])
+  if not found then return 0 end
+  local keep, quota = found[3] or 0, found[1]
+  if quota ~= cjson.null and quota < keep then keep = quota end
+  return keep
+end
+
+for i = 11, #ARGV do
+  local member = ARGV[i]
+  local size, tenant = entry(member, true)
+  local answer = 1
+  if redis.call('EXISTS', dhead .. member) == 0 then
+    forget(member, 'x:')  -- gone already: expired (or an operator's DEL)
+    answer = -1
+  elseif not size then
+    answer = 0  -- stored behind the space's back: not counted, so not kept
+  elseif mark then
+    if redis.call('HEXISTS', kept, member) == 0 then
+      local mine = tonumber(redis.call('HGET', meta, 'k:' .. tenant) or '0')
+      if mine + size > budget(tenant) or (capacity > 0 and total + size > capacity) then
+        redis.call('HINCRBY', meta, 'kr:' .. writer, 1)
+        answer = 0
+      else
+        local tick = redis.call('ZSCORE', lru(tenant), member) or '0'
+        redis.call('ZREM', lru(tenant), member)
+        redis.call('HSET', kept, member, tick)
+        total = redis.call('HINCRBY', meta, 'kept', size)
+        redis.call('HINCRBY', meta, 'k:' .. tenant, size)
+      end
+    end
+  else
+    local tick = redis.call('HGET', kept, member)
+    if tick then
+      redis.call('HDEL', kept, member)
+      redis.call('ZADD', lru(tenant), tick, member)
+      total = redis.call('HINCRBY', meta, 'kept', -size)
+      redis.call('HINCRBY', meta, 'k:' .. tenant, -size)
+    end
+  end
+  answers[i - 10] = answer
+end
+return answers
 """
 
-ALL = (PUT, EVICT, TOUCH, STATS)
+#: The counters after a sweep: ``{HGETALL meta, blocks, kept blocks}``.
+STATS = _PRELUDE + r"""
+return {redis.call('HGETALL', meta), redis.call('HLEN', sizes), redis.call('HLEN', kept)}
+"""
+
+ALL = (PUT, EVICT, TOUCH, STATS, KEEP)
 
 
 def sha1(script: str) -> str:

@@ -20,11 +20,11 @@ from kvtier.spec import ConfigError
 from . import _scripts
 from ._settings import Settings
 
-__all__ = ["EVICT", "PUT", "SCRIPTS", "STATS", "TOUCH", "Space", "add_stats", "check_rules",
-           "stats_of"]
+__all__ = ["EVICT", "KEEP", "PUT", "SCRIPTS", "STATS", "TOUCH", "Space", "add_stats",
+           "check_rules", "keep_answers", "stats_of"]
 
 SCRIPTS = {_scripts.sha1(text): text for text in _scripts.ALL}
-PUT, EVICT, TOUCH, STATS = (_scripts.sha1(text) for text in _scripts.ALL)
+PUT, EVICT, TOUCH, STATS, KEEP = (_scripts.sha1(text) for text in _scripts.ALL)
 
 Command = tuple[Any, ...]
 
@@ -41,7 +41,7 @@ def _ms(seconds: float | None) -> int:
 class Space:
     """One key space's keys, and the head of arguments every script call takes."""
 
-    keys: tuple[bytes, bytes, bytes, bytes]  # sizes, meta, expiry, limits
+    keys: tuple[bytes, bytes, bytes, bytes, bytes]  # sizes, meta, expiry, limits, kept
     lru_head: bytes
     data_head: bytes
     own: bytes  # the member prefix of this namespace's blocks
@@ -64,7 +64,7 @@ class Space:
         expire = settings.expire
         head = (data_head, lru_head, b"1" if pooled else b"0", settings.tenant, own, capacity,
                 rules, _ms(expire.after), _ms(expire.unused))
-        keys = (base + b"size", base + b"meta", base + b"exp", base + b"limit")
+        keys = (base + b"size", base + b"meta", base + b"exp", base + b"limit", base + b"kept")
         return cls(keys, lru_head, data_head, own, head)
 
     def member(self, key: bytes) -> bytes:
@@ -84,6 +84,10 @@ class Space:
 
     def members(self, sha: str, keys: Sequence[bytes]) -> Command:
         return self.call(sha, [self.own + key for key in keys])
+
+    def keep(self, keys: Sequence[bytes], keep: bool) -> Command:
+        """Mark ``keys`` kept, or release them (the ``KEEP`` script; :func:`keep_answers`)."""
+        return self.call(KEEP, [b"1" if keep else b"0", *(self.own + key for key in keys)])
 
     def refused(self, tenant: str, count: int) -> Command:
         """Count ``count`` blocks refused before any script saw them (over the size limit)."""
@@ -105,12 +109,23 @@ def _per_shard(rules: TenantRules, shards: int) -> TenantRules:
     })
 
 
-def stats_of(answer: Any) -> dict[str, int]:
-    """The figures of one space from its ``STATS`` answer: ``{HGETALL meta, blocks}``."""
-    pairs, blocks = answer
+def keep_answers(answer: Any, count: int) -> list[bool | None] | None:
+    """What ``kvtier_keep`` answers for ``count`` members from the ``KEEP`` script's
+    1 / 0 / -1 each; None for a reply of another shape (never a guess)."""
+    if not isinstance(answer, list) or len(answer) != count:
+        return None
+    return [None if flag == -1 else flag == 1 for flag in answer]
+
+
+def stats_of(answer: Any, tenant: str) -> dict[str, int]:
+    """The figures of one space from its ``STATS`` answer, ``{HGETALL meta, blocks, kept
+    blocks}``; ``kept_bytes`` and ``keep_refused`` are ``tenant``'s, as host's and fs's."""
+    pairs, blocks, kept = answer
     meta = {bytes(k).decode(errors="replace"): v for k, v in zip(pairs[0::2], pairs[1::2])}
     out = {"used_bytes": int(meta.get("used", 0)), "blocks": int(blocks),
-           "evictions": int(meta.get("evictions", 0))}
+           "evictions": int(meta.get("evictions", 0)), "kept_blocks": int(kept),
+           "kept_bytes": int(meta.get(f"k:{tenant}", 0)),
+           "keep_refused": int(meta.get(f"kr:{tenant}", 0))}
     for field, value in meta.items():
         figure = _TENANT_FIGURES.get(field[:2])
         if figure is not None and field[2:]:

@@ -15,11 +15,15 @@ conformance kit checks.
 
 Round trips: a ``put`` is one pipeline of ``EVALSHA`` calls (one per
 ``batch_bytes`` of blocks), a ``get`` one pipeline of ``MGET`` and the
-recency update, a ``lookup`` one pipeline of ``EXISTS``, an ``evict`` one
-script.  Large blocks go to the socket from the caller's buffers, uncopied
+recency update, a ``lookup`` one pipeline of ``EXISTS``, an ``evict`` or a
+``keep`` one script.  Large blocks go to the socket from the caller's buffers, uncopied
 (redis-py sends big arguments as they are).  ``kvtier_put_parts`` and
 ``kvtier_get_into`` are left out: a Redis argument is one buffer and redis-py
 materialises each reply as ``bytes``, so neither would save a copy.
+
+``kvtier_keep`` marks blocks kept on the server, in the key space's ``kept``
+hash, within the tenant's ``keep`` budget counted there too, so every process
+sharing the space spares them (:data:`kvtier_redis._scripts.KEEP`).
 
 With ``cluster: true`` the hooks go to :class:`kvtier_redis._cluster.ClusterStore`
 instead: the namespace split into hash-tagged shards on a Redis Cluster.
@@ -48,10 +52,10 @@ from kvtier.spec import (
     ConfigError,
     ScanEntry,
 )
-from kvtier.spec.base import Evicted, Scan
+from kvtier.spec.base import Evicted, Keep, Scan
 
 from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
-from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, check_rules, stats_of
+from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, check_rules, keep_answers, stats_of
 
 if TYPE_CHECKING:
     from ._cluster import ClusterStore
@@ -88,7 +92,7 @@ def _as_buffer(block: BytesLike) -> bytes | bytearray | memoryview:
     return buffer
 
 
-class RedisBackend(Scan):
+class RedisBackend(Scan, Keep):
     """A Redis tier; see the module docstring and contrib/kvtier-redis/README.md.
 
     The lifecycle, batch checks and repeated keys are kvtier's ``BlockStore``.
@@ -141,7 +145,7 @@ class RedisBackend(Scan):
         if not isinstance(conn, _Conn):
             stats = conn.stats()  # summed over the shards
         else:
-            stats = stats_of(self._run(conn, [conn.space.call(STATS)])[0])
+            stats = stats_of(self._run(conn, [conn.space.call(STATS)])[0], conn.settings.tenant)
         if conn.settings.capacity is not None:
             stats["capacity_bytes"] = conn.settings.capacity
         return stats
@@ -230,6 +234,22 @@ class RedisBackend(Scan):
             for start, end in _ranges(len(keys), _MAX_KEYS_PER_SCRIPT)
         ]
         return [bool(flag) for flags in self._run(conn, commands) for flag in flags]
+
+    def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
+        conn = self._live()
+        if not isinstance(conn, _Conn):
+            return conn.keep(keys, keep)
+        parts = list(_ranges(len(keys), _MAX_KEYS_PER_SCRIPT))
+        answers = self._run(conn, [conn.space.keep(keys[start:end], keep)
+                                   for start, end in parts])
+        out: list[bool | None] = []
+        for (start, end), answer in zip(parts, answers):
+            flags = keep_answers(answer, end - start)
+            if flags is None:
+                raise BackendError(f"redis at {conn.where}: the keep script answered "
+                                   f"{answer!r} for {end - start} blocks")
+            out += flags
+        return out
 
     def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""
