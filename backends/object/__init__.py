@@ -35,7 +35,8 @@ oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index; :mod:`.tenancy` the
 tenant's bound, expiry and figures; :mod:`.reads` the obstore client and the
-reads straight into a caller's buffers (``kvtier_get_into``).
+reads straight into a caller's buffers (``kvtier_get_into``); :mod:`.kept` the
+marks of ``kvtier_keep`` (kept blocks, no victims while marked).
 :mod:`.presence` holds the keys known stored, :mod:`.listing` reads a LIST's names.
 
 May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
@@ -74,6 +75,7 @@ from kvtier.spec.base import Evicted, GetInto, Scan
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but, eviction
 
 from .faults import Bucket
+from .kept import Keeping, KeptMarks, spare, trim
 from .keys import INDEXES, Index, KeyIndex, S3FifoIndex
 from .listing import NAMESPACE_RE, Listed, list_names, scan_entries
 from .presence import KNOWN_MAX, Presence
@@ -130,7 +132,7 @@ OPTIONS: Mapping[str, Option] = {
     "sizing_sample": SIZING_OPTION,
 }
 
-class ObjectBackend(Scan, GetInto):
+class ObjectBackend(Scan, GetInto, Keeping):
     """Blocks as objects in an S3-compatible bucket."""
 
     name = "object"
@@ -160,6 +162,7 @@ class ObjectBackend(Scan, GetInto):
         self._eviction = "fifo"
         self._index: Index | None = None  # with capacity (or a quota) or expire
         self._tenancy = Tenancy()
+        self._kept = KeptMarks()  # retention marks (.kept)
         self._last_cleanup = 0.0
         self._cleaner: threading.Thread | None = None
         self._sizing = Sizing()  # this instance's gets and puts, the policy in use
@@ -185,6 +188,7 @@ class ObjectBackend(Scan, GetInto):
         self._bucket = Bucket(bucket, shown, f"s3://{bucket}/{prefix} at {shown}",
                               tuple(s for s in (options["secret_access_key"],) if s), keys)
         self._tenancy.open(options)  # the capacity is the tenant's bound: min(capacity, quota)
+        self._kept.open(options, self._tenancy.bound)
         self._cache.ttl, self._capacity = options["lookup_cache_ttl"], self._tenancy.bound
         # lookup_cache_ttl 0 is every lookup asked of the bucket: no index either
         self._cache.lifetime = options["lookup_index"] if self._cache.ttl > 0 else 0.0
@@ -237,6 +241,7 @@ class ObjectBackend(Scan, GetInto):
             if self._capacity is not None:
                 stats["capacity_bytes"] = self._capacity
             stats.update(self._tenancy.stats(None if self._index is None else self._index.used))
+            stats.update(self._kept.stats())
         stats.update(self._sizing.stats())
         return stats
 
@@ -262,6 +267,7 @@ class ObjectBackend(Scan, GetInto):
         sizes = {k: nbytes(blocks[i]) for k, i in first.items()}
         cap = self._capacity
         todo = [k for k in first if cap is None or sizes[k] <= cap]
+        todo = self._kept.fitting(todo, sizes, cap, self._lock)  # beside the kept blocks
         self._tenancy.count(refused=len(first) - len(todo))  # over the tenant's bound
 
         def upload(key: bytes) -> bool:
@@ -284,10 +290,12 @@ class ObjectBackend(Scan, GetInto):
                 # keys held are used first, then the others enter: a key held may
                 # leave for the batch's new ones (as the sizing's miniatures do)
                 done = [k for k in todo if stored[k]]
-                for key in [k for k in done if k in index] + [k for k in done if k not in index]:
+                new = [k for k in done if k not in index]
+                for key in [k for k in done if k in index] + new:
                     index.add(key, sizes[key], now)
-                victims = index.trim()
-                self._tenancy.count(evicted=len(victims))
+                victims, taken = trim(index, self._kept, new)  # kept ones spared (.kept)
+                stored.update(dict.fromkeys(taken, False))
+                self._tenancy.count(evicted=len(victims) - len(taken), refused=len(taken))
                 for victim in victims:
                     self._cache.drop(victim)
         if victims:
@@ -424,6 +432,7 @@ class ObjectBackend(Scan, GetInto):
         with self._lock:
             for key in unique:
                 self._cache.remember(key, False)
+                self._kept.forget(key)  # an evict removes a kept block too
                 if self._index is not None:
                     self._index.forget(key)
         gone = set(present)
@@ -534,7 +543,8 @@ class ObjectBackend(Scan, GetInto):
                          else KeyIndex(self._capacity))
             # blocks this instance stored while the LIST ran are not in it: kept
             expired = index.rebuild(listed, cutoff, started)
-            over = index.trim()
+            self._kept.sync(index)  # kept blocks gone from the bucket or expired
+            over, _ = spare(index, self._kept, index.trim())
             self._tenancy.count(expired=len(expired), evicted=len(over))
             self._index = index
             for key in (*expired, *over):
@@ -548,6 +558,7 @@ class ObjectBackend(Scan, GetInto):
         with self._lock:
             for key in keys:
                 self._cache.drop(key)
+                self._kept.forget(key)
                 if self._index is not None:
                     self._index.forget(key)
         self._tenancy.count(expired=len(keys))

@@ -18,6 +18,7 @@ import pytest
 from seaweed import SeaweedServer, object_options
 
 from kvtier.testing import BackendTests
+from kvtier.testing.keep import KeepTests
 
 #: Hypothesis budget of the stateful group here: every step is a network round
 #: trip to a server sharing two cores with the test, so fewer examples than the
@@ -50,6 +51,18 @@ class TestObjectWithCapacity(BackendTests):
             "object bounds each writer's view of the namespace, which learns of the others' "
             "blocks at its next LIST: N writers hold up to N x capacity (docs/shared-capacity.md)"
         )
+
+
+class TestObjectKeep(KeepTests):
+    """The kit's ``keep`` group with a keep budget: a block kept while the kit fills the
+    capacity three times over (with no budget, as above, the capacity test skips)."""
+
+    backend = "object"
+
+    @pytest.fixture
+    def backend_options(self, s3_server: SeaweedServer, kit_bucket: str) -> dict[str, Any]:
+        return object_options(s3_server, kit_bucket, capacity="1MiB",
+                              tenants={"*": {"keep": "256KiB"}})
 
 
 def test_cli_certifies_crash_safety_of_native_writes(
