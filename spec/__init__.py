@@ -16,7 +16,7 @@ on nothing else of it.
 from __future__ import annotations
 
 from . import deprecated, hookspecs
-from .base import BlockStore, Evicted, GetInto, Keep, PutParts, Scan, Tamper
+from .base import BlockStore, Evicted, Expire, GetInto, Keep, PutParts, Scan, Tamper
 from .batch import Failed, check_batch, first_positions, map_batch, run_batch
 from .errors import (
     BackendError,
@@ -56,6 +56,7 @@ __all__ = [
     "ContractError",
     "CorruptBlockError",
     "Evicted",
+    "Expire",
     "Failed",
     "GetInto",
     "Keep",

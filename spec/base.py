@@ -44,7 +44,7 @@ from .errors import ClosedError, KvtierError
 from .hookspecs import BytesLike, hookimpl
 from .types import Capabilities, Option, ScanEntry
 
-__all__ = ["BlockStore", "Evicted", "GetInto", "Keep", "PutParts", "Scan", "Tamper"]
+__all__ = ["BlockStore", "Evicted", "Expire", "GetInto", "Keep", "PutParts", "Scan", "Tamper"]
 
 #: Where ``_put`` reports the blocks its capacity pushed out.
 Evicted = MutableSequence[tuple[bytes, BytesLike]]
@@ -251,3 +251,15 @@ class Keep(BlockStore):
     def kvtier_keep(self, keys: Sequence[bytes], keep: bool) -> Sequence[bool | None]:
         self.ensure_open()
         return self._keep(keys, keep) if keys else []
+
+
+class Expire(BlockStore):
+    """Mixin: ``kvtier_expire``, a deadline per block (contract 1.3); write ``_expire``."""
+
+    def _expire(self, keys: Sequence[bytes], after: float) -> Sequence[bool | None]:
+        raise NotImplementedError
+
+    @hookimpl
+    def kvtier_expire(self, keys: Sequence[bytes], after: float) -> Sequence[bool | None]:
+        self.ensure_open()
+        return self._expire(keys, after) if keys else []

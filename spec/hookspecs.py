@@ -55,7 +55,9 @@ answer is the answer, so one backend instance answers each call alone.
 ``kvtier_scan`` (contract 1.1) lets operators' tools (``kvtier inspect``,
 ``scrub``, ``purge``) list what a store holds.  ``kvtier_keep`` (contract 1.2)
 marks blocks kept, out of the eviction order, within a tenant's retention
-budget; a backend without it simply keeps nothing.
+budget; a backend without it simply keeps nothing.  ``kvtier_expire``
+(contract 1.3) gives blocks a deadline of their own, sooner than the tier's
+``expire``; a backend without it keeps the tier's expiry alone.
 
 Raw access to the stored bytes, which the conformance kit's ``corruption``
 group needs, is no hook: the chain never asks for it.  It is the kit's
@@ -86,8 +88,8 @@ __all__ = [
 
 #: Version of this contract, ``"MAJOR.MINOR"``.  A new optional hook bumps the
 #: minor number; a changed signature or meaning bumps the major number.
-#: 1.1 added ``kvtier_scan``; 1.2 added ``kvtier_keep``.
-CONTRACT_VERSION = "1.2"
+#: 1.1 added ``kvtier_scan``; 1.2 added ``kvtier_keep``; 1.3 added ``kvtier_expire``.
+CONTRACT_VERSION = "1.3"
 
 #: The hooks every backend implements; the others are optional.
 REQUIRED_HOOKS = ("kvtier_put", "kvtier_get", "kvtier_lookup", "kvtier_evict")
@@ -350,7 +352,7 @@ def kvtier_scan(namespace: str | None) -> Iterator[Sequence[ScanEntry]]:
 
 
 # -------------------------------------------------------------------------
-# optional: retention (contract 1.2)
+# optional: retention (contract 1.2: keep; 1.3: expire)
 # -------------------------------------------------------------------------
 
 
@@ -386,4 +388,35 @@ def kvtier_keep(keys: Sequence[bytes], keep: bool) -> Sequence[bool | None]:
 
     Backends without this hook keep nothing: the chain's ``keep`` skips
     them (docs/tenants.md, "Retention").
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_expire(keys: Sequence[bytes], after: float) -> Sequence[bool | None]:
+    """Give blocks a deadline: each expires ``after`` seconds from now.
+
+    A deadline only brings a block's expiry forward: a block expires at its
+    deadline or when the tier's own ``expire`` says (``after`` its write,
+    ``unused`` since its last use), whichever comes first, so an
+    operator's retention bound always holds.  A block with a deadline
+    already keeps the earlier of the two.  An expired block is what any
+    expired block is: a miss, its bytes freed, counted in ``expired``.  A
+    kept block (``kvtier_keep``) still expires at its deadline.
+
+    The deadline belongs to the block as stored and goes with it: a block
+    stored again after it left has none.  A put of a key already stored
+    is no change to it.  A store shared by processes (``shared=True``)
+    expires the block for all of them, at the latest once each of them
+    has seen the deadline (a backend says how soon in its documentation).
+
+    :param keys: the keys, see the conventions above.
+    :param after: seconds from now, above 0 (kvtier checks it before the
+        call).
+    :return: per key, ``True`` if the block now expires by then, ``False``
+        if the backend refused the deadline for it (it cannot hold one
+        there), ``None`` if the key is not stored.
+        A lookup, a get or a scan is no change to the deadline.
+
+    Backends without this hook hold no deadlines: the chain's ``expire``
+    skips them (docs/tenants.md, "Expiry").
     """

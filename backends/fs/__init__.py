@@ -24,7 +24,7 @@ Either way the backend calls one interface, :class:`.room.Capacity`.
 The rest of the package: :mod:`.options` declares the options, :mod:`.open`
 picks the store a URL gets, :mod:`.faults` tells a block's fault from the
 tier's, :mod:`.scan` lists the blocks for ``kvtier_scan``, :mod:`.readonly` is
-a root opened to be read, writing nothing, and :mod:`.expiry` does ``expire``.
+a root opened to be read, writing nothing, :mod:`.expiry` does ``expire`` and deadlines.
 :func:`kvtier.spec.run_batch` spreads a batch over the I/O threads.  Online
 sizing sees this process's gets and puts (under a pool, its own traffic).
 
@@ -58,7 +58,7 @@ from kvtier.spec.base import Evicted, GetInto, PutParts, Scan
 
 from .capacity import Ledger, Victim
 from .direct import DIRECT_MIN
-from .expiry import Expirer
+from .expiry import Deadlines, Expirer
 from .faults import BlockFaults
 from .index import load_tree, save_or_warn
 from .layout import NAMESPACE_RE, Store
@@ -78,7 +78,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class FsBackend(PutParts, GetInto, Scan, KeepMarks):
+class FsBackend(PutParts, GetInto, Scan, KeepMarks, Deadlines):
     """Blocks as files under a local directory or any fsspec URL.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -129,7 +129,7 @@ class FsBackend(PutParts, GetInto, Scan, KeepMarks):
         if isinstance(store, LocalStore) and options["direct_io"]:
             store.direct_min = DIRECT_MIN
         store = ReadOnlyStore(store, self._url) if read_only else store
-        self._expirer = Expirer(store, options, self._evict)  # expire: wraps the store's reads
+        self._expirer = Expirer(store, options, self._evict, self._deadline_pool)  # .expiry
         try:
             store.create_root()
             store.probe()

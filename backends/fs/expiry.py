@@ -16,13 +16,26 @@ an expired block until that sweep.  The sweep finds due blocks in the order
 they entered the clock; one entered late with an old mtime is found by its
 next read instead.
 
+A block may also get a **deadline** of its own (``kvtier_expire``,
+:class:`Deadlines`, the backend's mixin): it expires then, or by
+``expire``, whichever is first.  The deadline enters this process's clock
+at once; under the shared pool it is also a row of the index
+(:mod:`.pool_deadlines`), which every process on the root reads at its
+next put or get at most :data:`POLL_S` later and enters in its own clock.
+Without the pool (a remote root, ``capacity_scope: process``) the deadline
+is this process's alone: its sweep deletes the file at the deadline, and it
+is lost if the process exits first.  Without ``expire`` the store's methods
+are wrapped at the first deadline.
+
 The store's methods are wrapped on the instance, not by a wrapper class:
 the backend and the pool tell a local store by its type.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,17 +43,29 @@ from typing import Any
 
 from kvtier.policies.expiry import ExpiryClock
 from kvtier.policies.tenancy import parse_expiry
+from kvtier.spec import KvtierError
+from kvtier.spec.base import Expire
 
 from .layout import Store
+from .pool import SharedPool
+from .pool_capacity import PoolCapacity
+from .pool_deadlines import set_deadlines, since
+from .room import Capacity
 
-__all__ = ["Expirer"]
+__all__ = ["POLL_S", "Deadlines", "Expirer"]
+
+log = logging.getLogger("kvtier.backends.fs")
+
+#: How often a process reads the deadlines other processes set (while it puts or gets).
+POLL_S = 1.0
 
 
 class Expirer:
     """The expiry of one fs instance's blocks (doing nothing without ``expire``)."""
 
     def __init__(self, store: Store, options: Mapping[str, Any],
-                 evict: Callable[[Sequence[bytes]], Sequence[bool]]) -> None:
+                 evict: Callable[[Sequence[bytes]], Sequence[bool]],
+                 pool_of: Callable[[], SharedPool | None] = lambda: None) -> None:
         expiry = parse_expiry(options.get("expire"))
         self.enabled = bool(expiry)
         self.tenant: str = options.get("tenant") or "default"
@@ -53,10 +78,51 @@ class Expirer:
         self._store = store
         self._read, self._read_into, self._size = store.read, store.read_into, store.size
         self._write, self._remove = store.write, store.remove
+        self._pool_of = pool_of  # the shared pool's deadlines, where there is one
+        self._seq = 0  # the last row of the pool's deadlines read
+        self._polled = float("-inf")
         if self.enabled:
-            store.read, store.read_into, store.size = (  # type: ignore[method-assign]
-                self.read, self.read_into, self.size)
-            store.write, store.remove = self.write, self.remove  # type: ignore[method-assign]
+            self._wrap()
+
+    def _wrap(self) -> None:
+        store = self._store
+        store.read, store.read_into, store.size = (  # type: ignore[method-assign]
+            self.read, self.read_into, self.size)
+        store.write, store.remove = self.write, self.remove  # type: ignore[method-assign]
+
+    # deadlines (kvtier_expire) ----------------------------------------------
+    def deadline(self, keys: Sequence[bytes], at: float) -> None:
+        """``keys`` expire at ``at`` (monotonic) at the latest, in this process."""
+        with self._lock:
+            for key in keys:
+                self._clock.deadline(key, at)
+            if not self.enabled:
+                self.enabled = True
+                self._wrap()
+
+    def past(self, key: bytes) -> bool:
+        """Whether this process knows ``key``'s block to have expired."""
+        with self._lock:
+            return self._clock.expired(key, time.monotonic())
+
+    def _poll(self) -> None:
+        """Enter the deadlines other processes set since the last look (:data:`POLL_S`)."""
+        now = time.monotonic()
+        if now - self._polled < POLL_S:
+            return
+        self._polled = now
+        pool = self._pool_of()
+        if pool is None:
+            return
+        try:
+            self._seq, rows = since(pool, self._seq)
+        except (KvtierError, sqlite3.Error, OSError) as exc:  # read again at the next look
+            log.warning("fs tier: reading the pool's deadlines failed: %s", exc)
+            return
+        if rows:
+            ahead = time.monotonic() - time.time()  # wall clock to this process's clock
+            for key, at in rows:
+                self.deadline([key], at + ahead)
 
     # the store's methods, wrapped ---------------------------------------------
     def read(self, key: bytes) -> bytes | None:
@@ -97,6 +163,7 @@ class Expirer:
     # sweeping ---------------------------------------------------------------
     def sweep(self) -> None:
         """Remove the blocks queued and due, through the backend's evict."""
+        self._poll()
         if not self.enabled:
             return
         with self._lock:
@@ -151,3 +218,32 @@ class Expirer:
             return now - max(0.0, time.time() - os.stat(self._store.path(key)).st_mtime)
         except OSError:
             return now
+
+
+class Deadlines(Expire):
+    """Mixin of :class:`~kvtier.backends.fs.FsBackend`: ``kvtier_expire`` (module
+    docstring)."""
+
+    _capacity: Capacity
+    _expirer: Expirer
+
+    def _deadline_pool(self) -> SharedPool | None:
+        capacity = self._capacity
+        return capacity.pool if isinstance(capacity, PoolCapacity) else None
+
+    def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        expirer = self._expirer
+        expirer.sweep()  # the blocks due leave first: they answer None
+        at = time.monotonic() + after
+        unique = list(dict.fromkeys(keys))
+        found = self._lookup(unique)
+        held = [k for k, f in zip(unique, found, strict=True) if f and not expirer.past(k)]
+        pool = self._deadline_pool()
+        answers: dict[bytes, bool | None] = dict.fromkeys(unique)
+        if held and pool is not None:  # every process on the root
+            answers.update(zip(held, set_deadlines(pool, held, time.time() + after),
+                               strict=True))
+        else:
+            answers.update(dict.fromkeys(held, True))
+        expirer.deadline([k for k in held if answers[k]], at)
+        return [answers[k] for k in keys]

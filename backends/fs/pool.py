@@ -58,6 +58,7 @@ from kvtier.spec import BackendError
 from .local import LocalStore
 from .pool_db import IndexReplaced, IndexSession, wal_limit
 from .pool_dead import ROW as _ROW
+from .pool_deadlines import prepare as prepare_deadlines
 from .pool_evictor import Evictor, Pick
 from .pool_files import ALLOWANCE, own_files_bytes
 from .pool_keep import KeptRows
@@ -142,6 +143,7 @@ class SharedPool:
         self.policy = prepare(db, self._eviction, self.root, self.ns, self.capacity,
                               self.scope, self.me)
         self.tenancy.prepare(db, self.root, self.ns, self.me)
+        prepare_deadlines(db)  # kvtier_expire (.pool_deadlines)
 
     def _rejoin(self, db: sqlite3.Connection) -> None:
         """This process in an index rebuilt from the files (by it or another process): the

@@ -22,7 +22,8 @@ capacity: the instances of one group share a store (:mod:`.shared`), and
 ``expire`` makes blocks expire after their write or unused (:mod:`.store`).
 ``kvtier_keep`` marks blocks kept, no victims while marked, within each
 tenant's ``keep`` budget (:mod:`.kept`); ``stats()`` adds ``kept_bytes`` (the
-tenant's), ``kept_blocks`` and ``keep_refused``.
+tenant's), ``kept_blocks`` and ``keep_refused``.  ``kvtier_expire`` gives
+blocks a deadline of their own, sooner than ``expire`` (:mod:`.store`).
 
 May import :mod:`kvtier.block` (buffers), :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -48,7 +49,7 @@ from kvtier.policies.tenancy import (
     parse_tenants,
 )
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
-from kvtier.spec.base import Evicted, GetInto, Keep, PutParts, Scan
+from kvtier.spec.base import Evicted, Expire, GetInto, Keep, PutParts, Scan
 from kvtier.spec.shared import CAPACITY, but, eviction
 
 from . import shared
@@ -151,7 +152,7 @@ def _prefault(nbytes: int) -> None:
     del pieces
 
 
-class HostBackend(PutParts, GetInto, Scan, Keep):
+class HostBackend(PutParts, GetInto, Scan, Keep, Expire):
     """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -255,6 +256,9 @@ class HostBackend(PutParts, GetInto, Scan, Keep):
 
     def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
         return self._live().keep(self._prefix, keys, keep)
+
+    def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        return self._live().expire(self._prefix, keys, after)
 
     def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""

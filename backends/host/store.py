@@ -25,7 +25,10 @@ most ``capacity`` bytes kept aside; the oldest go first beyond that).
 **Expiry.**  With ``expire``, an expired block is a miss: a get or lookup
 that finds it drops it, and every put and get sweeps the blocks due
 (:class:`~kvtier.policies.expiry.ExpiryClock`, which finds them without a
-walk).  An expired block is not handed over as a victim: it is gone.
+walk).  An expired block is not handed over as a victim: it is gone.  A
+block given a deadline of its own (:meth:`HostStore.expire`,
+``kvtier_expire``) expires then, or by ``expire``, whichever comes first;
+without ``expire``, the first deadline starts the clock.
 
 **Keep.**  A block marked kept (:meth:`HostStore.keep`) is no victim while
 marked, within its tenant's retention budget (:mod:`.kept`); it still
@@ -299,6 +302,25 @@ class HostStore:
                 else:
                     self.kept.forget(full)
                     out.append(True)
+        return out
+
+    def expire(self, prefix: bytes, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        """Give ``keys``' blocks a deadline ``after`` seconds from now, as
+        ``kvtier_expire`` answers: True where held, None where not."""
+        out: list[bool | None] = []
+        with self.lock:
+            if self.clock is None:  # no expire: the clock holds deadlines alone
+                self.clock = ExpiryClock(Expiry())
+            now = self._sweep()
+            for key in keys:
+                full = prefix + key
+                if full in self.blocks and self.clock.expired(full, now):
+                    self._expire(full)
+                if self.policy.size(full) is None:
+                    out.append(None)
+                    continue
+                self.clock.deadline(full, now + after)
+                out.append(True)
         return out
 
     # internals: the caller holds the lock ----------------------------------

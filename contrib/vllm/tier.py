@@ -86,7 +86,7 @@ from ._compat import (
 )
 from .args import secondary_chain_config
 from .chain_like import ChainLike, UnopenedChain
-from .hints import Keeper, keeps
+from .hints import Keeper, retention
 from .keys import chain_key, namespace_for
 from .kv_events import ChainEvents
 from .lookups import HIT, MISS, LookupVerdicts
@@ -350,8 +350,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             if tenant is None or not self._chunks_fit(job_metadata, keys):
                 self._refuse_locked(_Job(job_metadata.job_id, False, keys, now))
                 return
-            if keeps(job_metadata.req_context):  # marked once the stores are done
-                self._keeper.submit(tenant, [chain_key(k) for k in keys])
+            if hinted := retention(job_metadata.req_context):  # once the stores are done
+                self._keeper.submit(tenant, [chain_key(k) for k in keys], hinted)
             held = {qk for k in keys if self._verdicts.holds(qk := qualified_key(tenant, k), now)}
             todo = [(k, c) for k, c in zip(keys, job_metadata.chunk_ids)
                     if qualified_key(tenant, k) not in held]

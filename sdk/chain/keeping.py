@@ -1,5 +1,6 @@
 """Retention marks through a chain: :meth:`Chain.keep <kvtier.chain.Chain.keep>` and
-:meth:`Chain.release <kvtier.chain.Chain.release>`.
+:meth:`Chain.release <kvtier.chain.Chain.release>` (deadlines, the other half of
+retention: :mod:`.expiring`).
 
 A **kept** block is no eviction victim at a tier while marked: the tier's
 capacity and its tenant's quota evict other blocks, and a put that could only
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvtier.chain.arguments import check_keys
+from kvtier.chain.expiring import Deadlines
 from kvtier.chain.tier import Tier
 
 __all__ = ["Retention", "mark"]
@@ -50,8 +52,9 @@ def mark(tier: Tier, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
     return list(answer)
 
 
-class Retention:
-    """The chain's retention calls (a mixin of :class:`~kvtier.chain.Chain`)."""
+class Retention(Deadlines):
+    """The chain's retention calls (a mixin of :class:`~kvtier.chain.Chain`): keep and
+    release here, expire from :class:`~kvtier.chain.expiring.Deadlines`."""
 
     def keep(self: _Chain, keys: Sequence[bytes]) -> list[bool]:
         """Mark ``keys``' blocks kept at every tier that holds them and keeps marks.

@@ -220,6 +220,17 @@ class BackendHandle:
                                 f"{result!r} for {len(keys)} keys")
         return [None if r is None else bool(r) for r in result]
 
+    def expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        """Give ``keys``' blocks a deadline ``after`` seconds from now (``kvtier_expire``,
+        contract 1.3); a backend without the hook holds none: None for every key."""
+        if not keys or not self.implements("kvtier_expire"):
+            return [None] * len(keys)
+        result = self._hook.kvtier_expire(keys=keys, after=after)
+        if result is None or len(result) != len(keys):
+            raise ContractError(f"backend {_label(self.info)}: kvtier_expire answered "
+                                f"{result!r} for {len(keys)} keys")
+        return [None if r is None else bool(r) for r in result]
+
 
 def _checked_scan(batches: object, label: str) -> Iterator[list[ScanEntry]]:
     try:

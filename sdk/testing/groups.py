@@ -51,6 +51,7 @@ GROUPS: tuple[str, ...] = (
     "lifecycle",
     "scan",
     "keep",
+    "expire",
     "framed",
 )
 
@@ -139,6 +140,7 @@ GATES: Mapping[str, Gate] = {
     ),
     "scan": implements("kvtier_scan"),
     "keep": implements("kvtier_keep"),
+    "expire": implements("kvtier_expire"),
     "framed": declares("framed_only"),
 }
 

@@ -49,6 +49,7 @@ AFTER_CLOSE: dict[str, Callable[[BackendHandle, KitBase], object]] = {
     # the call itself raises, not the first batch (spec: kvtier_scan)
     "kvtier_scan": lambda h, kit: h.scan(None),
     "kvtier_keep": lambda h, kit: h.keep([_KEY], True),
+    "kvtier_expire": lambda h, kit: h.expire([_KEY], 1.0),
 }
 
 

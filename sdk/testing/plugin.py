@@ -25,6 +25,7 @@ _KIT_MODULES = (
     "put_get",
     "scan",
     "keep",
+    "expire",
     "stateful",
     "suite",
 )

@@ -6,6 +6,7 @@ from .capacity import CapacityTests
 from .concurrency import ConcurrencyTests
 from .corruption import CorruptionTests
 from .crash import CrashSafetyTests
+from .expire import ExpireTests
 from .framed import FramedTests
 from .instances import InstanceTests
 from .keep import KeepTests
@@ -37,6 +38,7 @@ class BackendTests(
     InstanceTests,
     ScanTests,
     KeepTests,
+    ExpireTests,
     FramedTests,
 ):
     """The conformance kit: subclass it as ``Test...`` in a test module.

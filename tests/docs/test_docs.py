@@ -69,7 +69,7 @@ def test_readme_backend_table_lists_every_option(backend: str) -> None:
 
 def test_every_hook_has_a_full_docstring() -> None:
     hooks = [getattr(hookspecs, n) for n in dir(hookspecs) if n.startswith("kvtier_")]
-    assert len(hooks) == 13  # 1.1 added kvtier_scan, 1.2 kvtier_keep; kvtier_tamper left
+    assert len(hooks) == 14  # 1.1 kvtier_scan, 1.2 kvtier_keep, 1.3 kvtier_expire; kvtier_tamper
     for hook in hooks:
         doc = inspect.getdoc(hook) or ""
         assert doc, hook.__name__

@@ -1,0 +1,89 @@
+"""Deadlines through a chain: :meth:`Chain.expire <kvtier.chain.Chain.expire>`.
+
+A tier's ``expire`` (YAML) is the operator's bound: a block expires ``after``
+a time from its write, or ``unused`` for a time.  A caller who knows a block
+is worth less (a one-off prompt, a session about to end) gives it a
+**deadline** of its own: ``chain.expire(keys, after="10m")``.  A deadline
+only brings expiry forward, never past the tier's own ``expire``: the block
+expires at its deadline or when the tier says, whichever is first, so the
+operator's bound always holds, and a second, later deadline changes nothing
+(the earlier stays).  An expired block is what any expired block is: a miss
+at once, its bytes freed, counted in the tier's ``expired``.  A kept block
+(:meth:`~kvtier.chain.Chain.keep`) still expires at its deadline.
+
+Deadlines are set at every tier that holds the block and implements
+``kvtier_expire`` (contract 1.3: ``host``, ``fs``).  A tier that holds the
+block without the hook keeps it by its own ``expire`` alone, so ``expire``
+answers False for that key: the caller knows the block may outlive the
+deadline there, and may evict it.  As with :meth:`~kvtier.chain.Chain.keep`,
+copies still queued for tiers below land first; a copy made later (a
+promotion, a demotion) carries no deadline where it lands.
+
+vLLM requests give their blocks a deadline with the ``kv_hints`` action
+``kvtier.expire`` (:mod:`kvtier.contrib.vllm.hints`).  How each backend
+holds a deadline, and for how many processes: docs/tenants.md, "Expiry".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvtier.chain.arguments import check_keys
+from kvtier.chain.tier import Tier
+from kvtier.plugins.options import parse_duration
+
+__all__ = ["Deadlines", "deadline_seconds", "set_deadline"]
+
+
+class _Chain(Protocol):
+    tiers: list[Tier]
+
+    def _check_open(self) -> None: ...
+
+    def flush(self, timeout: float | None = None) -> bool: ...
+
+
+def deadline_seconds(after: float | str) -> float:
+    """``after`` (seconds, or a duration such as ``"10m"``) as seconds above 0; a
+    ``ValueError`` says what is wrong."""
+    seconds = parse_duration(after)
+    if seconds <= 0:
+        raise ValueError(f"a deadline is a time above 0 from now, got {after!r}")
+    return seconds
+
+
+def set_deadline(tier: Tier, keys: Sequence[bytes], after: float) -> list[bool | None]:
+    """``kvtier_expire`` at ``tier``: per key True (set), False (refused, or held by a
+    tier without the hook), or None (not held there, or the tier is unavailable)."""
+    if not keys:
+        return []
+    if not tier.handle.implements("kvtier_expire"):
+        held = tier.lookup(keys)  # held there, it outlives the deadline at that tier
+        return [False if h else None for h in held]
+    answer = tier._call("expire", lambda: tier.handle.expire(keys, after), len(keys))
+    return [None] * len(keys) if answer is None else list(answer)
+
+
+class Deadlines:
+    """The chain's deadline call (a mixin of :class:`~kvtier.chain.Chain`)."""
+
+    def expire(self: _Chain, keys: Sequence[bytes], after: float | str) -> list[bool]:
+        """Give ``keys``' blocks a deadline ``after`` (seconds, or ``"10m"``) from now.
+
+        Per key, True where some tier holds the block and every tier that holds
+        it will have dropped it by then (sooner where its own ``expire`` says);
+        False where no tier holds it, or one that does holds no deadlines
+        (no ``kvtier_expire``) or refused it.  A ``ValueError`` for an ``after``
+        that is no time above 0.
+        """
+        self._check_open()
+        keys = check_keys(keys)
+        seconds = deadline_seconds(after)
+        self.flush()  # queued copies land first: the tiers below hold them when set
+        set_, failed = [False] * len(keys), [False] * len(keys)
+        for tier in self.tiers:
+            for i, answer in enumerate(set_deadline(tier, keys, seconds)):
+                set_[i] = set_[i] or answer is True
+                failed[i] = failed[i] or answer is False
+        return [s and not f for s, f in zip(set_, failed, strict=True)]
