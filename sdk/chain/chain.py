@@ -100,10 +100,10 @@ class Chain(Retention):
                 tier.close()
             self._record.close()
             raise
-        self._traffic = Traffic(self.tiers, backlog_bytes, self._emit)
         self._load = LoadDecision.for_chain(config.load, self.tiers, registry)
+        self._traffic = Traffic(self.tiers, backlog_bytes, self._load.readback.after(self._emit))
         self._jobs = Jobs(job_workers)
-        self._listeners = Listeners(self._load.block_s, self._load.block_recompute)  # add_listener
+        self._listeners = Listeners(self._load.block_load, self._load.block_recompute)
         self._closed = False
         self._reporter: MetricsReporter | None = None
         if config.metrics.prometheus_port is not None or config.metrics.log_interval:

@@ -44,6 +44,7 @@ from typing import Any
 
 from kvtier.chain.learned_cost import RecomputeModel, open_model, tier_key
 from kvtier.chain.probed import ProbedBlocks
+from kvtier.chain.readback import ReadBack
 from kvtier.config.load_policy import LoadConfig
 
 __all__ = ["QUANTILE", "LoadCost", "LoadDecision"]
@@ -75,6 +76,10 @@ class LoadCost:
         # decayed sums: weight, bytes, seconds, bytes^2, bytes*seconds, seconds^2, bytes/block
         self._w = self._x = self._y = self._xx = self._xy = self._yy = self._b = 0.0
         self._last: dict[str, float] | None = None  # the fit after the latest read, undecayed
+        #: what measured the tier last (``load``, ``probe``, ``read-back``, or ``kept`` and
+        #: what measured it in the process that kept it), and how many samples this fit took
+        self.source = "none"
+        self.samples = 0
 
     def _decay(self, now: float) -> float:
         """Age the sums to ``now``; returns the weight left."""
@@ -95,8 +100,9 @@ class LoadCost:
         self._yy *= f
         self._b *= f
 
-    def observe(self, blocks: int, nbytes: int, seconds: float) -> None:
-        """Record a read of ``blocks`` blocks, ``nbytes`` payload bytes, that took ``seconds``."""
+    def observe(self, blocks: int, nbytes: int, seconds: float, source: str = "load") -> None:
+        """Record a read of ``blocks`` blocks, ``nbytes`` payload bytes, that took ``seconds``
+        (``source``: a ``load``, a ``probe`` or a ``read-back``)."""
         if blocks <= 0:
             return
         x, y = float(nbytes), max(0.0, seconds)
@@ -112,6 +118,7 @@ class LoadCost:
             if self._w > _CAP:
                 self._scale(_CAP / self._w)
             self._last = self._means()
+            self.source, self.samples = source, self.samples + 1
 
     def _means(self) -> dict[str, float]:
         # the fit is the same for sums scaled by any factor: their means are the fit
@@ -119,11 +126,14 @@ class LoadCost:
             ("yy", self._yy), ("b", self._b)
         return {name: value / self._w for name, value in sums}
 
-    def state(self) -> dict[str, float] | None:
+    def state(self) -> dict[str, Any] | None:
         """What this process last measured of the tier (the fit after its latest read,
-        however old now), to keep; None where it read nothing from the tier."""
+        however old now, with its ``source`` and ``samples``), to keep; None where it
+        read nothing from the tier."""
         with self._lock:
-            return None if self._last is None else dict(self._last)
+            if self._last is None:
+                return None
+            return {**self._last, "source": self.source, "samples": self.samples}
 
     def seed(self, state: Mapping[str, Any]) -> bool:
         """Take a kept :meth:`state` as one read's worth of measurements made now (it
@@ -133,12 +143,15 @@ class LoadCost:
                   if isinstance(v, float) and math.isfinite(v) and v >= 0]
         if len(values) != len(names):
             return False
+        source = state.get("source")
         with self._lock:
             self._decay(self._clock())
             if self._w:  # measured meanwhile: this process's reads win
                 return False
             self._w = 1.0
             self._x, self._y, self._xx, self._xy, self._yy, self._b = values
+            self.source = f"kept {source}" if isinstance(source, str) else "kept"
+            self.samples += 1
         return self.fit() is not None
 
     def fit(self) -> tuple[float, float, float, float] | None:
@@ -181,6 +194,8 @@ class LoadCost:
         a, b, spread, per_block = fit
         return {
             "measured": True,
+            "source": self.source,
+            "samples": self.samples,
             "block_s": _seconds(fit, 1, None),
             "latency_s": a,
             "bandwidth_Bps": 1.0 / b if b > 0 else math.inf,
@@ -201,7 +216,7 @@ class LoadDecision:
     def __init__(self, config: LoadConfig, tiers: int, tokens_per_block: int,
                  clock: Callable[[], float] | None = None,
                  recompute: RecomputeModel | None = None,
-                 tier_keys: Sequence[str] = ()) -> None:
+                 tier_keys: Sequence[str] = (), readable: Sequence[Any] = ()) -> None:
         self.config = config
         #: the configured ``recompute``, else the one learned (:mod:`kvtier.chain.learned_cost`)
         self.recompute = recompute or RecomputeModel(config.recompute)
@@ -217,6 +232,8 @@ class LoadDecision:
         self._kept = [0] * tiers  # kept fits taken instead of a probe
         #: what probes read, for the load that follows (:mod:`kvtier.chain.probed`)
         self.probed = ProbedBlocks()
+        #: ``readable[i]`` (tier i) read back after stores (:mod:`kvtier.chain.readback`)
+        self.readback = ReadBack(self, readable)
 
     @classmethod
     def for_chain(cls, config: LoadConfig, tiers: Sequence[Any], registry: Any) -> LoadDecision:
@@ -225,7 +242,7 @@ class LoadDecision:
         tokens = tiers[0].namespace.tokens_per_block if tiers else 0
         return cls(config, len(tiers), tokens,
                    recompute=open_model(config.recompute, tiers, registry),
-                   tier_keys=[tier_key(tier.config) for tier in tiers])
+                   tier_keys=[tier_key(tier.config) for tier in tiers], readable=tiers)
 
     @property
     def weighs(self) -> bool:
@@ -253,7 +270,8 @@ class LoadDecision:
 
     def close(self) -> None:
         """Keep what was learned (the chain closes): the recompute model, and what this
-        process measured of each tier."""
+        process measured of each tier (read back first where due)."""
+        self.readback.close()
         loads = {key: state for key, cost in zip(self.tier_keys, self.costs)
                  if (state := cost.state()) is not None}
         self.recompute.save(loads)
@@ -281,9 +299,24 @@ class LoadDecision:
             self._kept[tier] += 1
         return True
 
+    def wants_read_back(self, tier: int) -> bool:
+        """Whether tier ``tier`` is worth reading back after a store: loads are weighed by
+        cost and nothing measured it lately (:mod:`kvtier.chain.readback`)."""
+        return self.config.policy == "cost" and not self.measured(tier)
+
+    def read_back(self, tier: int, nbytes: int, seconds: float) -> None:
+        """A block of ``nbytes`` read back from tier ``tier`` in ``seconds``."""
+        self.costs[tier].observe(1, nbytes, seconds, "read-back")
+
     def block_s(self, tier: int) -> float:
         """Expected seconds to load a usual block of tier ``tier`` (0.0: unmeasured)."""
         return self.costs[tier].predict(1)
+
+    def block_load(self, tier: int) -> tuple[float, str]:
+        """:meth:`block_s`, and what measured the tier (``none`` while unmeasured)."""
+        cost = self.costs[tier]
+        seconds = cost.predict(1)
+        return seconds, cost.source if cost.fit() is not None else "none"
 
     def measured(self, tier: int) -> bool:
         """Whether tier ``tier`` has recent reads to judge it by."""
@@ -324,7 +357,7 @@ class LoadDecision:
                 if not self.slower_than_recompute(seconds):
                     break
             if fastest is not None:
-                self.costs[tier].observe(1, fastest[1], fastest[0])
+                self.costs[tier].observe(1, fastest[1], fastest[0], "probe")
         return reads
 
     def slower_than_recompute(self, seconds: float) -> bool:
@@ -402,10 +435,13 @@ class LoadDecision:
 
     def tier_stats(self, tier: int) -> dict[str, Any]:
         """``load_cost`` (the fit), ``declined`` blocks, ``declined_tokens``,
-        ``probes`` (one-block reads that measured it) and ``kept_costs`` (times an
-        earlier process's fit judged it instead) of a tier."""
+        ``probes`` (one-block reads that measured it), ``read_backs`` (blocks read back
+        after stores to measure it) and ``kept_costs`` (times an earlier process's fit
+        judged it instead) of a tier."""
         with self._lock:
             declined, tokens = self._declined[tier], self._declined_tokens[tier]
             probes, kept = self._probes[tier], self._kept[tier]
+        counts = self.readback.counts
         return {"load_cost": self.costs[tier].summary(), "declined": declined,
-                "declined_tokens": tokens, "probes": probes, "kept_costs": kept}
+                "declined_tokens": tokens, "probes": probes,
+                "read_backs": counts[tier] if tier < len(counts) else 0, "kept_costs": kept}

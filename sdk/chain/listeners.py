@@ -13,7 +13,9 @@ expected to take now (the 0.9 quantile of the tier's fitted read time,
 can weigh where a block lives, not only whether it is cached; and
 ``recompute_s``, what recomputing a block's tokens is expected to take (0.0
 without a model), with ``recompute_source`` (``configured``, ``learned`` or
-``none``, :mod:`kvtier.chain.learned_cost`): what ``load_s`` is weighed against.
+``none``, :mod:`kvtier.chain.learned_cost`): what ``load_s`` is weighed against;
+and ``load_source``, what measured the tier last (``load``, ``probe``,
+``read-back``, ``kept ...`` for a fit an earlier process kept, or ``none``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class ChainEvent:
     #: Expected seconds to recompute a block's tokens (0.0: no model), and the model's source.
     recompute_s: float = 0.0
     recompute_source: str = "none"
+    #: What measured the tier last (:attr:`kvtier.chain.cost.LoadCost.source`).
+    load_source: str = "none"
 
 
 ChainListener = Callable[[ChainEvent], None]
@@ -59,9 +63,10 @@ ChainListener = Callable[[ChainEvent], None]
 class Listeners:
     """A thread-safe set of listeners; :meth:`emit` calls each in turn."""
 
-    def __init__(self, block_load: Callable[[int], float] | None = None,
+    def __init__(self, block_load: Callable[[int], tuple[float, str]] | None = None,
                  block_recompute: Callable[[], tuple[float, str]] | None = None) -> None:
-        """``block_load(tier_index)``: the tier's expected block load time, for ``load_s``;
+        """``block_load(tier_index)``: ``load_s``, the tier's expected block load time, and
+        ``load_source``, what measured it;
         ``block_recompute()``: ``recompute_s`` and ``recompute_source``."""
         self._lock = threading.Lock()
         self._listeners: tuple[ChainListener, ...] = ()
@@ -89,9 +94,9 @@ class Listeners:
         keys = tuple(keys)
         if not keys:
             return
-        load_s = self._block_load(index) if self._block_load is not None else 0.0
+        load = self._block_load(index) if self._block_load is not None else (0.0, "none")
         redo = self._block_recompute() if self._block_recompute is not None else (0.0, "none")
-        event = ChainEvent(kind, tier, index, keys, reason, load_s, *redo)
+        event = ChainEvent(kind, tier, index, keys, reason, load[0], *redo, load[1])
         for listener in listeners:
             try:
                 listener(event)

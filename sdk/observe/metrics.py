@@ -117,6 +117,10 @@ class _Exporter:
             "expected time to load a usual block of the tier (0.9 quantile; 0 until measured)",
             labels=labels,
         )
+        load_samples = GaugeMetricFamily(  # what that load time came from
+            "kvtier_tier_load_samples", "reads the tier's load cost holds (measured tiers), "
+            "by what measured it last: load, probe, read-back, or kept ...",
+            labels=[*labels, "source"])
         latency = GaugeMetricFamily(
             "kvtier_tier_latency_seconds",
             "batch latency quantiles",
@@ -151,6 +155,9 @@ class _Exporter:
                     family.add_metric(values, tier[key])
                 healthy.add_metric(values, 1.0 if tier["healthy"] else 0.0)
                 block_load.add_metric(values, tier["load_cost"]["block_s"])
+                if tier["load_cost"]["measured"]:
+                    load_samples.add_metric([*values, tier["load_cost"]["source"]],
+                                            tier["load_cost"]["samples"])
                 used_bytes = tier["backend_stats"].get("used_bytes")
                 if isinstance(used_bytes, (int, float)):
                     used.add_metric(values, used_bytes)
@@ -164,7 +171,8 @@ class _Exporter:
                     if key.startswith(_SIZING):
                         sizing.add_metric([*values, key[len(_SIZING):]], value)
         yield from families.values()
-        yield from (healthy, used, *own.values(), latency, block_load, sizing, recompute, samples)
+        yield from (healthy, used, *own.values(), latency, block_load, load_samples, sizing,
+                    recompute, samples)
         yield from per_tenant
 
 
