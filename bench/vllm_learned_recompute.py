@@ -10,9 +10,11 @@ persistent here, and holds each get for a time proportional to its bytes),
 then runs every engine in a fresh process (``tests/support/vllm_slow_tier.py``),
 each timing one prompt after a warm-up shorter than a block:
 
-* ``learn`` (once): a chain over the slow tier with no delay and no
-  ``recompute`` entry computes the prompt, stores it, and learns the
-  recompute rate from vLLM's own recompute (kept in the tier's catalog);
+* ``learn`` (once): a chain over the slow tier (slowed to ``--mbps``
+  MB/s) with no ``recompute`` entry computes the prompt, stores it, learns
+  the recompute rate from vLLM's own recompute, and reads back two of the
+  blocks it stored once its stores stop: it keeps both in the tier's
+  catalog;
 * per repetition, interleaved: ``none`` (no offloading), ``learned`` (the
   tier slowed to ``--mbps`` MB/s, still no ``recompute`` entry: a fresh
   process that reads the learned model) and ``always`` (the same tier,
@@ -20,8 +22,8 @@ each timing one prompt after a warm-up shorter than a block:
 
 Each run prints the slow tier's probes (blocks read only to measure it) and
 kept costs (times the fit an earlier process kept judged it instead): the
-first ``learned`` process after ``learn`` probes the tier; a later one
-declines it by what an earlier one measured and kept, without a read.
+first ``learned`` process after ``learn`` declines the tier by the load cost
+``learn`` read back, without a probe or any read.
 
 The table gives each mode's median TTFT and its ratio to ``none``'s; every
 run's first token and top-5 logprobs must agree with ``none``'s first run
@@ -52,14 +54,16 @@ def main() -> None:
     slow_dir = work / "slow"
     engine = engines(work, args)
 
+    delay = 2**20 / (args.mbps * 1e6)  # seconds a MiB at --mbps MB/s
     slow = {"name": "slow", "backend": "sample-slow", "root": str(slow_dir), "persistent": True}
-    learned = engine(chain_yaml(work / "learn.yaml", {**slow, "delay_per_mib": 0.0}, "cost",
+    learned = engine(chain_yaml(work / "learn.yaml", {**slow, "delay_per_mib": delay}, "cost",
                                 None), store=True)
     mib = learned["tiers"]["slow"]["bytes_in"] / 2**20
     print(f"learn: {learned['ttft_s']:.3f} s, {mib:.1f} MiB of KV stored, recompute "
           f"{learned['recompute']['model']} ({learned['recompute']['source']}, "
-          f"{learned['recompute']['samples']} samples)", flush=True)
-    delay = 2**20 / (args.mbps * 1e6)  # seconds a MiB at --mbps MB/s
+          f"{learned['recompute']['samples']} samples), the slow tier "
+          f"{learned['tiers']['slow']['block_s']:.3f} s a block "
+          f"({learned['tiers']['slow']['load_source']}, kept at close)", flush=True)
     modes: dict[str, Path | None] = {
         "none": None,
         "learned": chain_yaml(work / "learned.yaml", {**slow, "delay_per_mib": delay},

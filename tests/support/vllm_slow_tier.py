@@ -13,8 +13,9 @@ chain has taken the prompt's KV, so a later process finds all of it.
 The last stdout line starting ``KVTIER-SLOW`` holds a JSON object: ``ttft_s``,
 ``token``, ``logprobs`` (token id -> logprob), ``cached_tokens`` (prompt
 tokens vLLM did not compute) and, with a chain, ``tiers``: per tier name its
-``hits``, ``bytes_in``, ``bytes_out``, ``probes``, ``kept_costs``, ``declined``,
-``declined_tokens`` and ``block_s`` (the fitted load time of a usual block).
+``hits``, ``bytes_in``, ``bytes_out``, ``probes``, ``read_backs``, ``kept_costs``,
+``declined``, ``declined_tokens``, ``block_s`` (the fitted load time of a usual block)
+and ``load_source`` (what measured the tier last).
 
 :func:`run_engine` runs it in a fresh process; ``bench/vllm_slow_tier.py``
 and ``tests/contrib/test_vllm_slow_tier.py`` use it.
@@ -100,8 +101,10 @@ def child(args: argparse.Namespace) -> None:
                 time.sleep(0.05)
         result["tiers"] = {
             t["name"]: {**{k: t[k] for k in ("hits", "bytes_in", "bytes_out", "probes",
-                                              "kept_costs", "declined", "declined_tokens")},
-                        "block_s": t["load_cost"]["block_s"]}
+                                              "read_backs", "kept_costs", "declined",
+                                              "declined_tokens")},
+                        "block_s": t["load_cost"]["block_s"],
+                        "load_source": t["load_cost"].get("source", "none")}
             for t in tier.chain_stats()["tiers"]
         }
         result["recompute"] = tier.chain_stats().get("recompute")  # where its model came from
