@@ -104,15 +104,16 @@ local function entry(member, lenient)
   return tonumber(size), tenant
 end
 
--- drop a member's bookkeeping (not its data); counter: 'e:' or 'x:' or nil
-local function forget(member, counter)
+-- drop a member's bookkeeping (not its data); counter: 'e:' or 'x:' or nil;
+-- `indexed`: taken from a recency index, so not kept (a mark takes it out)
+local function forget(member, counter, indexed)
   redis.call('ZREM', expiry, member)
   local size, tenant = entry(member)
   if not size then return nil end
   redis.call('HDEL', sizes, member)
   redis.call('HDEL', limits, member)
   redis.call('ZREM', lru(tenant), member)
-  if redis.call('HDEL', kept, member) == 1 then  -- expiry and evict win over keep
+  if not indexed and redis.call('HDEL', kept, member) == 1 then  -- expiry, evict win
     redis.call('HINCRBY', meta, 'kept', -size)
     redis.call('HINCRBY', meta, 'k:' .. tenant, -size)
   end
@@ -264,13 +265,13 @@ local function evict_oldest(tenant)
   if mine then data = redis.call('GET', dkey) end
   if data or (not mine and redis.call('EXISTS', dkey) == 1) then
     redis.call('DEL', dkey)
-    if not forget(member, 'e:') then redis.call('ZREM', lru(tenant), member) end
+    if not forget(member, 'e:', true) then redis.call('ZREM', lru(tenant), member) end
     redis.call('HINCRBY', meta, 'evictions', 1)
     if data then
       evicted[#evicted + 1] = string.sub(member, #own + 1)
       evicted[#evicted + 1] = data
     end
-  elseif not forget(member, 'x:') then  -- gone already: expired (or an operator's DEL)
+  elseif not forget(member, 'x:', true) then  -- gone already: expired (or a DEL)
     redis.call('ZREM', lru(tenant), member)
   end
   return true
