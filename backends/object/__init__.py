@@ -36,7 +36,7 @@ The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
 holds the presence cache and the capacity's index; :mod:`.tenancy` the
 tenant's bound, expiry and figures; :mod:`.reads` the obstore client and the
 reads straight into a caller's buffers (``kvtier_get_into``); :mod:`.kept` the
-marks of ``kvtier_keep`` (kept blocks, no victims while marked).
+marks of ``kvtier_keep`` (kept blocks), :mod:`.deadlines` those of ``kvtier_expire``.
 :mod:`.presence` holds the keys known stored, :mod:`.listing` reads a LIST's names.
 
 May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
@@ -74,6 +74,7 @@ from kvtier.spec import (
 from kvtier.spec.base import Evicted, GetInto, Scan
 from kvtier.spec.shared import CAPACITY, CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but, eviction
 
+from .deadlines import Deadlines
 from .faults import Bucket
 from .kept import Keeping, KeptMarks, spare, trim
 from .keys import INDEXES, Index, KeyIndex, S3FifoIndex
@@ -132,7 +133,7 @@ OPTIONS: Mapping[str, Option] = {
     "sizing_sample": SIZING_OPTION,
 }
 
-class ObjectBackend(Scan, GetInto, Keeping):
+class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
     """Blocks as objects in an S3-compatible bucket."""
 
     name = "object"
