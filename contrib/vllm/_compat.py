@@ -45,6 +45,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
 )
 from vllm.platforms import current_platform
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils as _kv_cache_utils
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
@@ -102,8 +104,10 @@ __all__ = [
     "job_result",
     "kv_events_enabled",
     "locality_of",
+    "offload_block_hash",
     "offloading_fields",
     "open_worker_region",
+    "prefix_block_hashes",
     "row_payload_bytes",
     "with_extra_config",
 ]
@@ -282,6 +286,55 @@ def row_payload_bytes(spec: Any, row_bytes: int) -> int:
     copies = 1 if replicated else int(spec.config.parallel.world_size)
     payload = page * copies
     return payload if 0 < payload <= row_bytes else row_bytes
+
+
+def offload_block_hash(key: bytes) -> bytes:
+    """The block hash in vLLM's ``OffloadKey`` (the hash, then a 4-byte group index)."""
+    return bytes(_offload_base.get_offload_block_hash(key))  # type: ignore[arg-type]
+
+
+#: vLLM's prefix-caching hash functions, by ``prefix_caching_hash_algo``
+_HASH_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+_hash_fn: list[Any] = []  # the engine's, once found
+
+
+def prefix_block_hashes(
+    token_ids: Sequence[int], tokens_per_hash: int, cache_salt: str | None
+) -> list[bytes] | None:
+    """The block hashes vLLM gives a prompt that starts with ``token_ids``, one per full
+    block of ``tokens_per_hash`` tokens, chained as the engine chains them
+    (``hash_block_tokens``, ``cache_salt`` folded into the first), with no LoRA,
+    multimodal input or prompt embeddings.
+
+    Only in the engine's process, once vLLM has seeded its hashes (``NONE_HASH``,
+    set after the tiers are built): None before, or where the seed matches none of
+    vLLM's hash functions.  No vLLM config is current when a tier is built, so
+    the engine's function (``prefix_caching_hash_algo``) is the one that hashes
+    the seed (``get_none_hash_seed``) to ``NONE_HASH``.
+    """
+    if not _hash_fn:
+        seeded = getattr(_kv_cache_utils, "NONE_HASH", None)
+        if seeded is None:
+            return None
+        seed = _kv_cache_utils.get_none_hash_seed()
+        for name in _HASH_NAMES:
+            try:
+                fn = get_hash_fn_by_name(name)
+                if fn(seed) == seeded:
+                    _hash_fn.append(fn)
+                    break
+            except Exception:  # a function whose package is absent: not the engine's
+                continue
+        else:
+            return None
+    hashes: list[bytes] = []
+    parent = None
+    for start in range(0, len(token_ids) - tokens_per_hash + 1, tokens_per_hash):
+        extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
+        parent = _kv_cache_utils.hash_block_tokens(
+            _hash_fn[0], parent, token_ids[start:start + tokens_per_hash], extra)
+        hashes.append(bytes(parent))
+    return hashes
 
 
 def locality_of(value: str) -> Any:

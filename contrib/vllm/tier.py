@@ -86,7 +86,8 @@ from ._compat import (
 )
 from .args import secondary_chain_config
 from .chain_like import ChainLike, UnopenedChain
-from .hints import Keeper, retention
+from .hints import retention
+from .keep_prefixes import prefix_keeper
 from .keys import chain_key, namespace_for
 from .kv_events import ChainEvents
 from .lookups import HIT, MISS, LookupVerdicts
@@ -168,12 +169,13 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         tenant: str = "default",
         trust_client_tenant: bool = True,
         shared_tenants: list[str] | None = None,
+        keep_prefixes: list[Any] | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self._options = options = TierOptions.checked(
             tier_type, config=config, namespace_extra=namespace_extra, model_name=model_name,
-            keep_host_tier=keep_host_tier, lookup_timeout=lookup_timeout,
-            verdict_ttl=verdict_ttl, failed_ttl=failed_ttl, job_workers=job_workers,
+            keep_host_tier=keep_host_tier, lookup_timeout=lookup_timeout, verdict_ttl=verdict_ttl,
+            failed_ttl=failed_ttl, job_workers=job_workers, keep_prefixes=keep_prefixes,
             reopen_interval=reopen_interval, locality=locality, load_timeout=load_timeout,
             tenant=tenant, trust_client_tenant=trust_client_tenant, shared_tenants=shared_tenants,
         )
@@ -210,7 +212,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self._region.release()
             raise
         self._init_state()
-        self._keeper = Keeper(self._tenancy.chain_of, self._lock)  # kv_hints (.hints)
+        self._keeper = prefix_keeper(self._tenancy.chain_of, self._lock, options, offloading_spec)
         _live.add(self)
         log.info("kvtier tier %r: chain %s, namespace %s, %d-byte chunks", tier_type,
                  " -> ".join(self._tier_names), self.namespace.hex, self._payload)
@@ -449,6 +451,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         kind = "load_keys" if job.load else "store_keys"
         if ok:
             self._counters.count(kind, "ok", len(ok))
+            self._keeper.done(job.tenant, ok, job.load)  # named prefixes' blocks: kept
         if failed:
             self._counters.count(kind, "failed", len(failed))
         # what this tier now holds, or failed to deliver, for later lookups and stores

@@ -20,6 +20,7 @@ from kvtier.config import parse_option
 from kvtier.spec import ConfigError, Option
 
 from ._compat import HAS_DEFERRED_RELEASE, VLLM_VERSION, locality_of
+from .keep_prefixes import KeepPrefix, parse_keep_prefixes
 
 __all__ = ["OPTIONS", "TierOptions"]
 
@@ -76,6 +77,8 @@ OPTIONS: Mapping[str, Option] = {
                                   "kv_transfer_params", default=True),
     "shared_tenants": Option("list", "tenants whose blocks are everyone's", default=[],
                              check=_tenants),
+    "keep_prefixes": Option("list", "prefixes (token ids) whose blocks a tenant keeps",
+                            default=[], parse=parse_keep_prefixes),
 }
 
 
@@ -125,6 +128,11 @@ class TierOptions:
         that clients reach without a trusted gateway (:mod:`.tenancy`).
     ``shared_tenants``
         Tenants whose blocks are everyone's (the ``default`` tenant's namespace).
+    ``keep_prefixes``
+        Prefixes whose blocks are kept while the tier runs, each a list of token
+        ids (``token_ids``, or a JSON file of them, ``token_ids_file``) with its
+        ``tenant`` (the tier's), ``cache_salt`` and ``name``, within the tenant's
+        ``keep`` budget (:mod:`.keep_prefixes`).
     """
 
     config: str
@@ -142,6 +150,7 @@ class TierOptions:
     tenant: str = DEFAULT_TENANT
     trust_client_tenant: bool = True
     shared_tenants: frozenset[str] = frozenset()
+    keep_prefixes: tuple[KeepPrefix, ...] = ()
 
     @classmethod
     def checked(
@@ -162,6 +171,7 @@ class TierOptions:
         tenant: str = DEFAULT_TENANT,
         trust_client_tenant: bool = True,
         shared_tenants: list[str] | None = None,
+        keep_prefixes: list[Any] | None = None,
     ) -> TierOptions:
         """The options of the tier named ``tier_type``; ConfigError names a bad one."""
         if not config:
@@ -175,6 +185,7 @@ class TierOptions:
             "reopen_interval": reopen_interval, "locality": locality,
             "load_timeout": load_timeout, "tenant": tenant,
             "trust_client_tenant": trust_client_tenant, "shared_tenants": shared_tenants,
+            "keep_prefixes": keep_prefixes,
         }
         parsed: dict[str, Any] = {}
         for name, opt in OPTIONS.items():
