@@ -317,6 +317,28 @@ class ClusterStore:
         self._raise_if_all_failed(answers)
         return out
 
+    def expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        """Deadlines per shard; a shard that failed answers False for its keys (not set)."""
+        by_shard = self._by_shard(keys)
+        commands: dict[int, list[Command]] = {}
+        parts: dict[int, list[list[int]]] = {}
+        for s, indices in by_shard.items():
+            shard = self._shards[s]
+            parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
+                        for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
+            commands[s] = [shard.deadline([keys[i] for i in part], after) for part in parts[s]]
+        out: list[bool | None] = [False] * len(keys)
+        answers = self._execute(commands)
+        for s, shard_answers in answers.items():
+            if isinstance(shard_answers, Failed):
+                continue
+            for part, answer in zip(parts[s], shard_answers):
+                flags = keep_answers(answer, len(part))
+                for index, flag in zip(part, flags or ()):
+                    out[index] = flag
+        self._raise_if_all_failed(answers)
+        return out
+
     def stats(self) -> dict[str, int]:
         commands: dict[int, list[Command]] = {
             s: [shard.call(STATS)] for s, shard in enumerate(self._shards)

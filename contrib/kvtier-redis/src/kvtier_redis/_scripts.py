@@ -421,12 +421,44 @@ end
 return answers
 """
 
+#: Give blocks a deadline (``kvtier_expire``).  ARGV after :data:`HEAD`: the time
+#: (ms) from now, then members.  A block's TTL is brought forward to the deadline,
+#: never put off (a later deadline, or the tier's own ``after``, leaves the earlier),
+#: and entered in ``KEYS[3]`` so the sweep counts it off once Redis expires it; with
+#: ``unused``, ``KEYS[4]`` holds the deadline as the latest a use may push its expiry
+#: to.  Answers per member 1 (set) or -1 (not stored: a member whose block is gone is
+#: forgotten first).
+DEADLINE = _PRELUDE + r"""
+local deadline = now + tonumber(ARGV[10])
+local answers = {}
+for i = 11, #ARGV do
+  local member = ARGV[i]
+  local left = redis.call('PTTL', dhead .. member)
+  local answer = 1
+  if left == -2 then
+    forget(member, 'x:')  -- gone already: expired (or an operator's DEL)
+    answer = -1
+  else
+    if left == -1 or now + left > deadline then
+      redis.call('PEXPIREAT', dhead .. member, deadline)
+      redis.call('ZADD', expiry, deadline, member)
+    end
+    local latest = tonumber(redis.call('HGET', limits, member) or '0')
+    if unused > 0 and (latest == 0 or latest > deadline) then
+      redis.call('HSET', limits, member, deadline)
+    end
+  end
+  answers[i - 10] = answer
+end
+return answers
+"""
+
 #: The counters after a sweep: ``{HGETALL meta, blocks, kept blocks}``.
 STATS = _PRELUDE + r"""
 return {redis.call('HGETALL', meta), redis.call('HLEN', sizes), redis.call('HLEN', kept)}
 """
 
-ALL = (PUT, EVICT, TOUCH, STATS, KEEP)
+ALL = (PUT, EVICT, TOUCH, STATS, KEEP, DEADLINE)
 
 
 def sha1(script: str) -> str:

@@ -20,11 +20,11 @@ from kvtier.spec import ConfigError
 from . import _scripts
 from ._settings import Settings
 
-__all__ = ["EVICT", "KEEP", "PUT", "SCRIPTS", "STATS", "TOUCH", "Space", "add_stats",
-           "check_rules", "keep_answers", "stats_of"]
+__all__ = ["DEADLINE", "EVICT", "KEEP", "PUT", "SCRIPTS", "STATS", "TOUCH", "Space",
+           "add_stats", "check_rules", "keep_answers", "stats_of"]
 
 SCRIPTS = {_scripts.sha1(text): text for text in _scripts.ALL}
-PUT, EVICT, TOUCH, STATS, KEEP = (_scripts.sha1(text) for text in _scripts.ALL)
+PUT, EVICT, TOUCH, STATS, KEEP, DEADLINE = (_scripts.sha1(text) for text in _scripts.ALL)
 
 Command = tuple[Any, ...]
 
@@ -88,6 +88,12 @@ class Space:
     def keep(self, keys: Sequence[bytes], keep: bool) -> Command:
         """Mark ``keys`` kept, or release them (the ``KEEP`` script; :func:`keep_answers`)."""
         return self.call(KEEP, [b"1" if keep else b"0", *(self.own + key for key in keys)])
+
+    def deadline(self, keys: Sequence[bytes], after: float) -> Command:
+        """Give ``keys`` a deadline ``after`` seconds from now (the ``DEADLINE`` script;
+        :func:`keep_answers` reads its answers too)."""
+        return self.call(DEADLINE, [max(1, round(after * 1000)),
+                                    *(self.own + key for key in keys)])
 
     def refused(self, tenant: str, count: int) -> Command:
         """Count ``count`` blocks refused before any script saw them (over the size limit)."""

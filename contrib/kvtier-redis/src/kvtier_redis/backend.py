@@ -24,6 +24,8 @@ materialises each reply as ``bytes``, so neither would save a copy.
 ``kvtier_keep`` marks blocks kept on the server, in the key space's ``kept``
 hash, within the tenant's ``keep`` budget counted there too, so every process
 sharing the space spares them (:data:`kvtier_redis._scripts.KEEP`).
+``kvtier_expire`` brings a block's TTL forward to its deadline, on the server
+(:data:`kvtier_redis._scripts.DEADLINE`), so it holds for every process.
 
 With ``cluster: true`` the hooks go to :class:`kvtier_redis._cluster.ClusterStore`
 instead: the namespace split into hash-tagged shards on a Redis Cluster.
@@ -52,7 +54,7 @@ from kvtier.spec import (
     ConfigError,
     ScanEntry,
 )
-from kvtier.spec.base import Evicted, Keep, Scan
+from kvtier.spec.base import Evicted, Expire, Keep, Scan
 
 from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
 from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, check_rules, keep_answers, stats_of
@@ -92,7 +94,7 @@ def _as_buffer(block: BytesLike) -> bytes | bytearray | memoryview:
     return buffer
 
 
-class RedisBackend(Scan, Keep):
+class RedisBackend(Scan, Keep, Expire):
     """A Redis tier; see the module docstring and contrib/kvtier-redis/README.md.
 
     The lifecycle, batch checks and repeated keys are kvtier's ``BlockStore``.
@@ -247,6 +249,22 @@ class RedisBackend(Scan, Keep):
             flags = keep_answers(answer, end - start)
             if flags is None:
                 raise BackendError(f"redis at {conn.where}: the keep script answered "
+                                   f"{answer!r} for {end - start} blocks")
+            out += flags
+        return out
+
+    def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        conn = self._live()
+        if not isinstance(conn, _Conn):
+            return conn.expire(keys, after)
+        parts = list(_ranges(len(keys), _MAX_KEYS_PER_SCRIPT))
+        answers = self._run(conn, [conn.space.deadline(keys[start:end], after)
+                                   for start, end in parts])
+        out: list[bool | None] = []
+        for (start, end), answer in zip(parts, answers):
+            flags = keep_answers(answer, end - start)
+            if flags is None:
+                raise BackendError(f"redis at {conn.where}: the deadline script answered "
                                    f"{answer!r} for {end - start} blocks")
             out += flags
         return out

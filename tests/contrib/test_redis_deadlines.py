@@ -1,0 +1,153 @@
+"""contrib/kvtier-redis: deadlines (``kvtier_expire``) on a real server.
+
+A deadline brings the block's TTL forward on the server, in one Lua script, so
+every connection and process sharing the space misses the block from then on,
+and the next script counts its bytes off (``expired``).  A later deadline, or
+the tier's own ``expire``, never puts it off; with ``unused``, a read does not
+push the expiry past it.  On a cluster, each shard sets its part.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kvtier_redis import RedisBackend
+from redis_server import RedisServer
+
+from kvtier.testing.expire import ExpireTests
+
+NS_A = "a" * 32
+NS_B = "b" * 32
+DB = 10
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> Iterator[str]:
+    with redis.Redis.from_url(redis_server.url(DB)) as client:
+        client.flushdb()
+    yield redis_server.url(DB)
+
+
+def block(seed: int, size: int = 1000) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def open_tenant(url: str, tenant: str, namespace: str, **options: Any) -> RedisBackend:
+    backend = RedisBackend()
+    backend.kvtier_open({"url": url, "tenant": tenant, **options}, namespace)
+    return backend
+
+
+class TestRedisExpireKit(ExpireTests):
+    """The kit's ``expire`` group on a pool with a capacity and ``unused``: the script's
+    bookkeeping path."""
+
+    backend = "redis"
+
+    @pytest.fixture
+    def backend_options(self, redis_server: RedisServer) -> dict[str, Any]:
+        return {"url": redis_server.url(DB + 1), "prefix": "kitexp", "capacity": "4MiB",
+                "tenants": {"*": {"quota": "2MiB"}}, "expire": {"unused": "1h"}}
+
+    @pytest.fixture(autouse=True)
+    def _fresh_database(self, redis_server: RedisServer) -> Iterator[None]:
+        with redis.Redis.from_url(redis_server.url(DB + 1)) as client:
+            client.flushdb()
+        yield
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"capacity": "1MiB"}, {"tenants": {"*": {"quota": "1MiB"}}}], ids=["plain", "capacity",
+                                                                        "pool"])
+def test_every_connection_misses_a_block_past_its_deadline(url: str, options: Any) -> None:
+    a, other = open_tenant(url, "a", NS_A, **options), open_tenant(url, "a", NS_A, **options)
+    try:
+        mine = [b"k0", b"k1", b"k2"]
+        assert a.kvtier_put(mine, [block(i) for i in range(3)], []) == [True] * 3
+        assert a.kvtier_expire([b"k0", b"k2", b"absent"], 0.4) == [True, True, None]
+        start = time.monotonic()
+        time.sleep(max(0.0, start + 0.45 - time.monotonic()))
+        assert other.kvtier_get(mine) == [None, block(1), None]
+        assert other.kvtier_lookup([b"k0", b"k2"]) == [False, False]
+        if options:  # with bookkeeping: the bytes are counted off, as expired
+            stats = other.kvtier_stats()
+            assert stats["blocks"] == 1 and stats["used_bytes"] == 1000
+            assert sum(v for k, v in stats.items() if k.startswith("tenant_expired")) == 2
+    finally:
+        a.kvtier_close()
+        other.kvtier_close()
+
+
+def test_never_later_than_the_tier_s_expire_nor_an_earlier_deadline(url: str) -> None:
+    a = open_tenant(url, "a", NS_A, expire="1.5s")
+    try:
+        mine = [b"k0", b"k1", b"k2"]
+        assert a.kvtier_put(mine, [block(i) for i in range(3)], []) == [True] * 3
+        assert a.kvtier_expire([b"k0"], 0.3) == [True]
+        start = time.monotonic()
+        assert a.kvtier_expire([b"k0", b"k1"], 3600) == [True, True]
+        time.sleep(max(0.0, start + 0.5 - time.monotonic()))
+        assert a.kvtier_get(mine) == [None, block(1), block(2)]
+        time.sleep(max(0.0, start + 1.6 - time.monotonic()))
+        assert a.kvtier_get(mine) == [None, None, None]
+    finally:
+        a.kvtier_close()
+
+
+def test_a_read_does_not_push_the_expiry_past_the_deadline(url: str) -> None:
+    a = open_tenant(url, "a", NS_A, expire={"unused": "1h"})
+    try:
+        assert a.kvtier_put([b"k0"], [block(0)], []) == [True]
+        assert a.kvtier_expire([b"k0"], 0.6) == [True]
+        start = time.monotonic()
+        while time.monotonic() < start + 0.4:  # each read is a use: unused pushes back
+            assert a.kvtier_get([b"k0"]) in ([block(0)], [None])
+            time.sleep(0.05)
+        time.sleep(max(0.0, start + 0.65 - time.monotonic()))
+        assert a.kvtier_get([b"k0"]) == [None]
+    finally:
+        a.kvtier_close()
+
+
+def test_a_block_stored_again_after_its_deadline_has_none(url: str) -> None:
+    a = open_tenant(url, "a", NS_A, tenants={"*": {"quota": "1MiB"}}, expire={"unused": "1h"})
+    try:
+        assert a.kvtier_put([b"k0"], [block(0)], []) == [True]
+        assert a.kvtier_expire([b"k0"], 0.3) == [True]
+        time.sleep(0.4)
+        assert a.kvtier_get([b"k0"]) == [None]
+        assert a.kvtier_put([b"k0"], [block(5)], []) == [True]
+        time.sleep(0.4)
+        assert a.kvtier_get([b"k0"]) == [block(5)]
+    finally:
+        a.kvtier_close()
+
+
+def test_on_a_cluster_each_shard_sets_its_part(redis_cluster: Any) -> None:
+    options = {"cluster": True, "prefix": "td", "shards": 4,
+               "tenants": {"*": {"quota": 64_000}}}
+    a = open_tenant(redis_cluster.url, "a", NS_A, **options)
+    b = open_tenant(redis_cluster.url, "b", NS_B, **options)
+    try:
+        mine = [f"k{i}".encode() for i in range(16)]
+        assert a.kvtier_put(mine, [block(i, 500) for i in range(16)], []) == [True] * 16
+        assert b.kvtier_put(mine, [block(100 + i, 500) for i in range(16)], []) == [True] * 16
+        assert a.kvtier_expire([*mine[:8], b"absent"], 0.4) == [True] * 8 + [None]
+        time.sleep(0.5)
+        assert a.kvtier_get(mine) == [None] * 8 + [block(i, 500) for i in range(8, 16)]
+        assert b.kvtier_get(mine) == [block(100 + i, 500) for i in range(16)]
+    finally:
+        a.kvtier_close()
+        b.kvtier_close()
+        redis_cluster.flush()
