@@ -62,6 +62,8 @@ COUNTERS = (
     ("declined", "declined_blocks", "held blocks not loaded: recomputing them was faster"),
     ("declined_tokens", "declined_tokens", "tokens of the blocks declined as not worth loading"),
     ("probes", "probed_blocks", "blocks read only to measure an unmeasured tier's load cost"),
+    ("read_backs", "read_back_blocks",
+     "blocks read back after stores to measure an unmeasured tier's load cost"),
     ("keep_refused", "keep_refused_blocks",
      "keep marks refused: beyond the tenant's retention budget (docs/tenants.md)"),
 )

@@ -181,6 +181,7 @@ def test_events_and_prometheus_show_the_read_back_cost(tmp_path: Path, sample_pl
     line = next(x for x in text.splitlines()
                 if x.startswith(f"kvtier_tier_block_load_seconds{{{labels}}}"))
     assert float(line.split()[-1]) == pytest.approx(block_s, rel=0.05)
+    assert f"kvtier_tier_read_back_blocks_total{{{labels}}} 2.0" in text
     assert [x for x in text.splitlines() if x.startswith("kvtier_tier_load_samples{")] == [
         f'kvtier_tier_load_samples{{backend="sample-slow",namespace="{NS.hex}",'
         f'source="read-back",tier="slow"}} 1.0']
