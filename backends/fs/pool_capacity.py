@@ -13,6 +13,10 @@ process``, a network filesystem, no ``capacity`` nor ``min_free`` nor quota) the
 tier keeps no marks: a held block is refused (False) where this process's count
 may evict it, and True where nothing bounds the tier, so nothing evicts it
 (docs/tenants.md, "Keep").
+
+A tier opened ``read_only`` (``kvtier inspect``) gets no pool, but where the root
+has one with ``tenants``, a :class:`~.pool_view.PoolView`: its own count, and the
+pool's per-tenant figures read from the index without writing.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from .layout import Store
 from .local import LocalStore
 from .mounts import network_fs
 from .pool import SharedPool
+from .pool_options import DB_NAME
 from .pool_tenants import PoolTenants
+from .pool_view import PoolView
+from .readonly import ReadOnlyStore
 from .room import Capacity, Drop, ProcessCapacity
 
 log = logging.getLogger("kvtier.backends.fs")
@@ -53,6 +60,9 @@ def open_capacity(store: Store, options: Mapping[str, Any], namespace: str) -> C
     wanted = (options["capacity"] is not None or options.get("min_free") is not None
               or any(rule.quota is not None for rule in rules.named.values()))
     pooled = options.get("capacity_scope") != "process"  # capacity_scope: process, no pool
+    if (isinstance(store, ReadOnlyStore) and isinstance(store.inner, LocalStore) and pooled
+            and rules and os.path.exists(os.path.join(store.root, DB_NAME))):
+        return PoolView(store, bound, store.root, rules)  # a look at the tenants' figures
     if not (isinstance(store, LocalStore) and pooled and wanted):
         return ProcessCapacity(store, bound)
     root = os.path.dirname(store.nsroot)

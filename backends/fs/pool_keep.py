@@ -48,7 +48,8 @@ class KeptRows:
         self.budget = budget if quota is None else min(budget, quota)
         self.capacity = capacity
         self.tenant = tenant
-        self.refused = 0  # marks this process refused for the budget
+        self.refused = 0  # marks this process refused for the budget (every process's, per
+        # tenant, in the index's meta: 'keep_refused:<tenant>', .pool_tenants reports them)
 
     def mark(self, db: sqlite3.Connection, ns: str, namespaces: Sequence[str],
              keys: Sequence[bytes], keep: bool) -> list[bool | None]:
@@ -58,6 +59,7 @@ class KeptRows:
                    "WHERE b.ns = kept.ns AND b.key = kept.key AND b.state = 'S')", (ns,))
         mine = self._bytes(db, [*namespaces, ns])
         total = self._bytes(db, None)
+        refused = 0
         out: list[bool | None] = []
         for key in keys:
             row = db.execute("SELECT size FROM blocks WHERE ns = ? AND key = ? AND state = 'S'",
@@ -76,12 +78,17 @@ class KeptRows:
                 out.append(True)
             elif mine + size > self.budget or (self.capacity is not None
                                                 and total + size > self.capacity):
-                self.refused += 1
+                refused += 1
                 out.append(False)
             else:
                 db.execute("INSERT INTO kept VALUES (?, ?)", (ns, key))
                 mine, total = mine + size, total + size
                 out.append(True)
+        if refused:
+            self.refused += refused
+            db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) "
+                       "DO UPDATE SET value = value + excluded.value",
+                       (f"keep_refused:{self.tenant}", refused))
         return out
 
     @staticmethod

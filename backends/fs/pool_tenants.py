@@ -51,7 +51,8 @@ __all__ = ["PoolTenants"]
 _SCHEMA = "CREATE TABLE IF NOT EXISTS tenants(ns TEXT PRIMARY KEY, tenant TEXT NOT NULL)"
 _HEAD = 4096  # a block's prefix and header fit in it (framing's _MAX_HEADER is 512)
 _RULES = "tenants"  # the meta row of the root's rules
-_COUNTS = ("refused", "evicted")  # per tenant, in meta as '<what>:<tenant>'
+# per tenant, in meta as '<what>:<tenant>' (keep_refused: .pool_keep's)
+_COUNTS = ("refused", "evicted", "keep_refused")
 _NO_CATALOG = f"x.scope NOT IN ('*', '{CATALOG_NS}')"  # the tenants' namespaces' totals
 
 
@@ -209,16 +210,23 @@ class PoolTenants:
         self.count(db, "evicted", counts)
 
     def figures(self, db: sqlite3.Connection) -> dict[str, int]:
-        """``tenant_bytes.<t>`` (counted: files and room in flight), ``tenant_refused.<t>``
-        and ``tenant_evicted.<t>`` (blocks, every process of the root)."""
+        """``tenant_bytes.<t>`` (counted: files and room in flight), ``tenant_kept_bytes.<t>``,
+        ``tenant_refused.<t>``, ``tenant_evicted.<t>`` and ``tenant_keep_refused.<t>``
+        (blocks, every process of the root), and ``catalog_bytes``: one pass over each
+        table, whatever the number of tenants."""
         out = {f"tenant_bytes.{t}": counted for t, (counted, _) in self.held(db).items()}
         # the descriptors of every tenant's namespaces: the pool's own, counted apart
         catalog = db.execute("SELECT bytes FROM totals WHERE scope = ?", (CATALOG_NS,)).fetchall()
         out["catalog_bytes"] = int(catalog[0][0]) if catalog else 0
-        for what in _COUNTS:
-            for name, value in db.execute("SELECT name, value FROM meta WHERE name LIKE ?",
-                                          (f"{what}:%",)):
-                out[f"tenant_{what}.{name.split(':', 1)[1]}"] = int(value)
+        for tenant, kept in db.execute(
+                "SELECT COALESCE(t.tenant, ?), SUM(b.size) FROM kept AS k JOIN blocks AS b "
+                "ON b.ns = k.ns AND b.key = k.key LEFT JOIN tenants AS t ON t.ns = k.ns "
+                "WHERE b.state = 'S' AND k.ns != ? GROUP BY 1", (DEFAULT_TENANT, CATALOG_NS)):
+            out[f"tenant_kept_bytes.{tenant}"] = int(kept)
+        for name, value in db.execute("SELECT name, value FROM meta WHERE name GLOB '*:*'"):
+            what, _, tenant = str(name).partition(":")
+            if what in _COUNTS:
+                out[f"tenant_{what}.{tenant}"] = int(value)
         return out
 
 

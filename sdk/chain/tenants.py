@@ -42,6 +42,7 @@ from kvtier.observe.tenant_figures import tenant_figures
 from kvtier.observe.tenant_metrics import TenantsReporter
 from kvtier.plugins.options import with_values
 from kvtier.plugins.registry import BackendRegistry
+from kvtier.policies.tenant_round import tenant_round
 from kvtier.spec import ClosedError
 
 __all__ = ["Tenants", "open_tenants"]
@@ -119,7 +120,8 @@ class Tenants:
         :meth:`stats` and the Prometheus endpoint read, the chains' stats read once."""
         with self._lock:
             chains = dict(self._chains)
-        opened = {tenant: chain.stats() for tenant, chain in chains.items()}
+        with tenant_round():  # a store shared by the tenants reports each tenant once
+            opened = {tenant: chain.stats() for tenant, chain in chains.items()}
         figures = tenant_figures(opened, [tier.name for tier in self.config.tiers])
         return self.namespace.for_tenant(None).hex, figures, opened
 

@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ __all__ = [
     "remove",
     "scrub_store",
     "still_held",
+    "tenant_keeping",
     "tenant_totals",
 ]
 
@@ -247,12 +248,42 @@ class NamespaceSummary:
                 "block_load_s": self.block_load_s}
 
 
-def tenant_totals(summaries: Sequence[NamespaceSummary]) -> list[dict[str, Any]]:
-    """Per tenant (most bytes first): its blocks, bytes and namespaces in the store."""
+#: The store's per-tenant keep figures, from its backend's stats (the ``fs`` pool's).
+_KEEPING = {"tenant_kept_bytes.": "kept_bytes", "tenant_keep_refused.": "keep_refused"}
+
+
+def tenant_keeping(store: OperatorStore) -> dict[str, dict[str, int]] | None:
+    """Per tenant, the bytes the store keeps marked and the marks it refused, where its
+    backend counts every tenant's (``tenant_kept_bytes.<t>``, ...: the ``fs`` pool with
+    ``tenants``; a tenant it names not has none); None where it counts none."""
+    if store.lister is None:
+        return None
+    try:
+        stats = store.lister.handle.stats()
+    except Exception:  # figures are a bonus: a store that cannot give them gives none
+        return None
+    if "catalog_bytes" not in stats:  # no count of tenants: nothing to say of their marks
+        return None
+    out: dict[str, dict[str, int]] = {}
+    for key, value in stats.items():
+        for prefix, figure in _KEEPING.items():
+            if key.startswith(prefix) and isinstance(value, int):
+                out.setdefault(key[len(prefix):], {})[figure] = value
+    return out
+
+
+def tenant_totals(summaries: Sequence[NamespaceSummary],
+                  keeping: Mapping[str, Mapping[str, int]] | None = None
+                  ) -> list[dict[str, Any]]:
+    """Per tenant (most bytes first): its blocks, bytes and namespaces in the store, and
+    its ``kept_bytes`` and ``keep_refused`` from ``keeping`` (None: not counted)."""
     totals: dict[str | None, dict[str, Any]] = {}
     for s in summaries:
+        reported = None if keeping is None else keeping.get(s.tenant or "", {})
+        marks = {f: None if reported is None else reported.get(f, 0)
+                 for f in ("kept_bytes", "keep_refused")}
         into = totals.setdefault(s.tenant, {"tenant": s.tenant, "blocks": 0, "bytes": 0,
-                                            "namespaces": 0})
+                                            "namespaces": 0, **marks})
         into["blocks"] += s.blocks
         into["bytes"] += s.bytes
         into["namespaces"] += 1

@@ -36,6 +36,7 @@ from kvtier.cli.operate import (
     remove,
     scrub_store,
     still_held,
+    tenant_keeping,
     tenant_totals,
 )
 from kvtier.config.chain_config import load_config
@@ -164,7 +165,7 @@ def inspect_command(config_file: str, tiers: tuple[str, ...], as_json: bool, sam
                 if tenants:
                     summaries = [s for s in summaries if s.tenant in tenants]
                 row["namespaces"] = [s.as_json() for s in summaries]
-                row["tenants"] = tenant_totals(summaries)
+                row["tenants"] = tenant_totals(summaries, tenant_keeping(store))
                 row["descriptors"] = descriptors
                 read = [(s.sampled, s.block_load_s) for s in summaries if s.sampled]
                 row["block_load_s"] = (sum(n * t for n, t in read) / sum(n for n, _ in read)
@@ -242,11 +243,13 @@ def _tenant_table(console: Console, row: dict[str, Any]) -> None:
         return
     table = Table(title=f"tier {row['tier']}: per tenant", title_justify="left")
     table.add_column("tenant", overflow="fold")
-    for column in ("namespaces", "blocks", "bytes"):
+    for column in ("namespaces", "blocks", "bytes", "kept", "keep refused"):
         table.add_column(column, justify="right", no_wrap=True)
-    for t in row["tenants"]:
+    for t in row["tenants"]:  # '-': the tier counts no marks per tenant
+        kept = "-" if t["kept_bytes"] is None else format_size(t["kept_bytes"])
+        refused = "-" if t["keep_refused"] is None else str(t["keep_refused"])
         table.add_row(escape(t["tenant"] or "(unknown: no header read)"), str(t["namespaces"]),
-                      str(t["blocks"]), format_size(t["bytes"]))
+                      str(t["blocks"]), format_size(t["bytes"]), kept, refused)
     console.print(table)
 
 

@@ -5,16 +5,22 @@ hits and misses per tier (:class:`~kvtier.observe.stats.TierStats`), so those
 are the tenant's.  What a tenant holds, and what was refused, evicted or
 expired of it, is the tier's to know: a tier that counts tenants reports, in
 its backend's ``stats()``, ``tenant_bytes.<t>``, ``tenant_refused.<t>``,
-``tenant_evicted.<t>`` and ``tenant_expired.<t>`` (:data:`REPORTED`).  A
-store shared by processes (the ``fs`` pool) can report every tenant of the
-pool that way, those this process never opened included; they are listed
-too, with no hits or misses (this process served them none).
+``tenant_evicted.<t>``, ``tenant_expired.<t>``, ``tenant_kept_bytes.<t>`` and
+``tenant_keep_refused.<t>`` (:data:`REPORTED`).  A store shared by processes
+(the ``fs`` pool) can report every tenant of the pool that way, those this
+process never opened included; they are listed too, with no hits or misses
+(this process served them none).  Read in a round
+(:mod:`kvtier.policies.tenant_round`), such a store reports every tenant once,
+through the first of its instances, and each other instance its own tenant.
 
 Where a tier reports no such key for a tenant, its figure comes from the
 tenant's own chain: ``refused`` and ``evictions`` from the chain's counters
 of that tier, ``expired`` from the backend's ``expired`` (0 where it has
 none), ``used_bytes`` from the backend's ``own_used_bytes`` (a shared store:
-what this instance wrote) or else its ``used_bytes``.  Those are exact for a
+what this instance wrote) or else its ``used_bytes``, ``kept_bytes`` from the
+backend's ``kept_bytes`` (its tenant's; 0 where it keeps no marks), and
+``keep_refused`` from the backend's ``keep_refused``, else the chain's counter
+of that tier.  Those are exact for a
 tier each tenant's instance has to itself (``host`` without tenant rules);
 on a store that tenants share they are this process's view, which is why the
 tiers' own keys win.  ``reported`` says which figures came from the tier.
@@ -28,10 +34,12 @@ from typing import Any
 __all__ = ["FIGURES", "REPORTED", "tenant_figures"]
 
 #: The figures kept per tenant and tier, in order.
-FIGURES = ("hits", "misses", "refused", "evictions", "expired", "used_bytes")
+FIGURES = ("hits", "misses", "refused", "evictions", "expired", "used_bytes", "kept_bytes",
+           "keep_refused")
 #: The figure each backend stats key prefix reports: ``tenant_bytes.acme`` is acme's used_bytes.
 REPORTED = {"tenant_bytes.": "used_bytes", "tenant_refused.": "refused",
-            "tenant_evicted.": "evictions", "tenant_expired.": "expired"}
+            "tenant_evicted.": "evictions", "tenant_expired.": "expired",
+            "tenant_kept_bytes.": "kept_bytes", "tenant_keep_refused.": "keep_refused"}
 
 
 def _number(value: Any) -> int | None:
@@ -69,9 +77,12 @@ def _own_counters(tier: Mapping[str, Any]) -> dict[str, int]:
     used = _number(backend.get("own_used_bytes"))
     if used is None:
         used = _number(backend.get("used_bytes"))
+    refused_marks = _number(backend.get("keep_refused"))
     return {"hits": tier["hits"], "misses": tier["misses"], "refused": tier["refused"],
             "evictions": tier["evictions"], "expired": _number(backend.get("expired")) or 0,
-            "used_bytes": used or 0}
+            "used_bytes": used or 0, "kept_bytes": _number(backend.get("kept_bytes")) or 0,
+            "keep_refused": tier.get("keep_refused", 0) if refused_marks is None
+            else refused_marks}
 
 
 def tenant_figures(chains: Mapping[str, Mapping[str, Any]],

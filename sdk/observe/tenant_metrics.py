@@ -57,6 +57,10 @@ FAMILIES = (
      "the tenant's blocks pushed out of the tier by capacity or quota"),
     ("expired", "kvtier_tenant_expired_blocks", "counter", "the tenant's blocks that expired"),
     ("used_bytes", "kvtier_tenant_used_bytes", "gauge", "bytes of the tenant's the tier holds"),
+    ("kept_bytes", "kvtier_tenant_kept_bytes", "gauge",
+     "bytes of the tenant's blocks the tier keeps marked (within its keep budget)"),
+    ("keep_refused", "kvtier_tenant_keep_refused_blocks", "counter",
+     "the tenant's keep marks the tier refused (beyond its keep budget)"),
 )
 
 
@@ -100,7 +104,7 @@ def fold(figures: Mapping[str, Mapping[str, Any]], named: Iterable[str]
         for tier, values in entry["tiers"].items():
             into = rows.setdefault(label, {}).setdefault(tier, dict.fromkeys(FIGURES, 0))
             for figure in FIGURES:
-                into[figure] += values[figure]
+                into[figure] += values.get(figure, 0)
     return rows
 
 

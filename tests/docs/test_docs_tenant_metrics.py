@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def test_the_documented_metrics_are_the_exported_ones() -> None:
     documented = dict(ROW.findall(SECTION))
-    assert len(documented) == 7
+    assert len(documented) == 9
     port = free_port()
     cfg = {"chain": [{"name": "ram", "backend": "host", "capacity": "1MiB"}],
            "metrics": {"prometheus_port": port, "tenants_top": 1}}

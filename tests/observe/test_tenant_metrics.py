@@ -149,9 +149,11 @@ def test_fold_sums_the_tenants_beyond_the_top_into_other() -> None:
     rows = fold({"a": tenant(1, 10), "b": tenant(2, 20), "c": tenant(4, 40),
                  "other": tenant(8, 80)}, {"a"})
     assert rows["a"]["ram"] == {"hits": 1, "misses": 1, "refused": 2, "evictions": 3,
-                                "expired": 4, "used_bytes": 10}
+                                "expired": 4, "used_bytes": 10, "kept_bytes": 0,
+                                "keep_refused": 0}
     assert rows["other"]["ram"] == {"hits": 14, "misses": 3, "refused": 6, "evictions": 9,
-                                    "expired": 12, "used_bytes": 140}
+                                    "expired": 12, "used_bytes": 140, "kept_bytes": 0,
+                                    "keep_refused": 0}
     assert set(rows) == {"a", "other"}
 
 
@@ -178,14 +180,16 @@ def test_figures_come_from_the_tier_s_tenant_keys_else_from_the_tenant_s_own_cha
     }
     out = tenant_figures(chains, ["disk"])
     assert out["acme"]["tiers"]["disk"] == {"hits": 5, "misses": 6, "refused": 7, "evictions": 8,
-                                            "expired": 2, "used_bytes": 300, "reported": []}
+                                            "expired": 2, "used_bytes": 300, "kept_bytes": 0,
+                                            "keep_refused": 0, "reported": []}
     # globex's own chain's report wins over another instance's
     assert out["globex"]["tiers"]["disk"] == {"hits": 1, "misses": 2, "refused": 9,
                                               "evictions": 4, "expired": 0, "used_bytes": 50,
+                                              "kept_bytes": 0, "keep_refused": 0,
                                               "reported": ["refused", "used_bytes"]}
     # initech is open nowhere here: reported by the pool, the largest count, no hits
     assert out["initech"] == {"open": False, "used_bytes": 75, "tiers": {"disk": {
         "hits": 0, "misses": 0, "refused": 0, "evictions": 1, "expired": 0, "used_bytes": 75,
-        "reported": ["evictions", "used_bytes"]}}}
+        "kept_bytes": 0, "keep_refused": 0, "reported": ["evictions", "used_bytes"]}}}
     assert out["hooli"]["tiers"]["disk"]["refused"] == 0 and out["hooli"]["used_bytes"] == 10
     assert sorted(out) == ["acme", "globex", "hooli", "initech"]
