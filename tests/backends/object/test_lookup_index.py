@@ -51,7 +51,10 @@ def heads(handle: BackendHandle) -> int:
 
 
 def wait_listed(handle: BackendHandle, n: int) -> None:
-    """Until the LIST at open (a thread of its own) has learned ``n`` keys, or 10 s."""
+    """Until the LIST at open (a thread of its own) is done and has learned ``n`` keys."""
+    lister = getattr(handle.instance, "_lister", None)
+    if lister is not None:
+        lister.join(10)
     deadline = time.monotonic() + 10
     while handle.stats().get("lookup_index_entries", 0) < n and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -72,7 +75,7 @@ def test_a_fresh_instance_answers_a_hit_from_its_listing_without_heads(
 def test_a_key_found_by_a_head_is_known_after(open_backend: Opener) -> None:
     # answers of the short-lived cache last 1 ms: what answers later is the index
     reader = open_backend(lookup_cache_ttl="1ms")
-    wait_listed(reader, 0)
+    wait_listed(reader, 0)  # its LIST at open is over: it cannot list the key put below
     open_backend().put([key(1)], [blob(100, 1)], [])
     before = heads(reader)
     assert list(reader.lookup([key(1)])) == [True]
