@@ -114,6 +114,9 @@ class Expirer:
         pool = self._pool_of()
         if pool is None:
             return
+        if pool.session.lock.locked():  # a transaction of this process: not on a read's time
+            self._polled = now - POLL_S / 2  # looked at again soon
+            return
         try:
             self._seq, rows = since(pool, self._seq)
         except (KvtierError, sqlite3.Error, OSError) as exc:  # read again at the next look

@@ -76,8 +76,10 @@ def since(pool: SharedPool, seq: int) -> tuple[int, list[tuple[bytes, float]]]:
     def query(db: sqlite3.Connection) -> tuple[int, list[tuple[bytes, float]]]:
         last = int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM deadlines").fetchall()[0][0])
         start = seq if last >= seq else 0
-        rows = db.execute("SELECT key, at FROM deadlines WHERE ns = ? AND seq > ?",
-                          (pool.ns, start)).fetchall()
+        # by the seq (the rowid) alone: +ns keeps SQLite off the (ns, key) index, which
+        # walks every row of the namespace (2,000 rows, none new: 132 us, against 4 us)
+        rows = db.execute("SELECT key, at FROM deadlines WHERE seq > ? AND +ns = ?",
+                          (start, pool.ns)).fetchall()
         return last, [(bytes(key), float(at)) for key, at in rows]
 
     return pool.session.read(query)
