@@ -3,8 +3,8 @@
 
 Driven as vLLM's scheduler drives the tier, with vLLM 0.32's own ``ReqContext``,
 ``KvHintsEnvelope``, ``KvHintAction`` and ``TransferJob``, and a real ``fs`` tier on
-its shared pool (vLLM's CPU tier stands where a host tier would); a real engine run
-(``AsyncLLM.generate(..., kv_hints=...)``) is still to come.
+its shared pool (vLLM's CPU tier stands where a host tier would).  The real engine
+run (``AsyncLLM.generate(..., kv_hints=...)``) is tests/contrib/test_vllm_keep_engine.py.
 """
 
 from __future__ import annotations
