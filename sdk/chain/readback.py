@@ -37,7 +37,7 @@ __all__ = ["INTERVAL_S", "QUIET_S", "READS", "ReadBack"]
 log = logging.getLogger("kvtier.chain")
 
 #: A tier's stores stopped this long: it is idle, and the request that stored is answered.
-QUIET_S = 1.0
+QUIET_S = 2.0
 #: At most one read-back of a tier this often.
 INTERVAL_S = 60.0
 #: Blocks read back (the last ones stored); the faster read counts.
