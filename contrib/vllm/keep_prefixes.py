@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +51,7 @@ from typing import Any
 from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 
 from ._compat import offload_block_hash, offloading_fields, prefix_block_hashes
-from .hints import Keeper
+from .hints import _WAIT_S, Keeper, RequestHints
 from .keys import chain_key
 
 __all__ = ["KeepPrefix", "PrefixKeeper", "parse_keep_prefixes", "prefix_keeper"]
@@ -110,7 +112,12 @@ def _prefix(index: int, entry: Any) -> KeepPrefix:
 
 class PrefixKeeper(Keeper):
     """A vLLM tier's :class:`~.hints.Keeper`, which also marks the blocks of its
-    tenants' named prefixes as its jobs store or load them (:meth:`done`)."""
+    tenants' named prefixes as its jobs store or load them (:meth:`done`).
+
+    A mark waits for the tier's ``pending`` work too: a store that replaces a
+    block that failed to load runs on the tier's repair thread, not as a chain
+    job, and a mark made before it lands finds no block to keep.
+    """
 
     def __init__(
         self,
@@ -123,8 +130,10 @@ class PrefixKeeper(Keeper):
         tokens_per_hash: int,
         block_hashes: Callable[[Sequence[int], int, str | None], list[bytes] | None],
         block_hash_of: Callable[[bytes], bytes],
+        pending: Callable[[], Iterable[Future[Any]]] = tuple,
     ) -> None:
         super().__init__(chain_of, gate)
+        self._pending = pending
         self._prefixes: dict[str, list[KeepPrefix]] = {}
         for prefix in prefixes:  # by the tenant its requests resolve to
             owner = prefix.tenant or tenant
@@ -145,6 +154,12 @@ class PrefixKeeper(Keeper):
             self._found.update((tenant, k) for k in ours)
         if ours:
             self.submit(tenant, [chain_key(k) for k in ours])
+
+    def _apply(self, tenant: str, keys: list[bytes], hints: RequestHints) -> None:
+        with self._gate:  # the store that asked is submitted: its repair, if any, listed
+            pending = list(self._pending())
+        wait_futures(pending, timeout=_WAIT_S)
+        super()._apply(tenant, keys, hints)
 
     def _matching(self, tenant: str, keys: Sequence[bytes]) -> list[bytes]:
         if tenant not in self._prefixes:
@@ -174,10 +189,12 @@ class PrefixKeeper(Keeper):
 
 
 def prefix_keeper(chain_of: Callable[[str], Any], gate: AbstractContextManager[Any],
-                  options: Any, spec: Any) -> PrefixKeeper:
-    """The keeper of a tier with ``options`` (its ``TierOptions``) on vLLM's ``spec``."""
+                  options: Any, spec: Any,
+                  pending: Callable[[], Iterable[Future[Any]]] = tuple) -> PrefixKeeper:
+    """The keeper of a tier with ``options`` (its ``TierOptions``) on vLLM's ``spec``,
+    whose ``pending`` work (its repairs) a mark waits for."""
     return PrefixKeeper(
         chain_of, gate, options.keep_prefixes, tenant=options.tenant,
         shared=options.shared_tenants,
         tokens_per_hash=offloading_fields(spec.config)["tokens_per_hash"],
-        block_hashes=prefix_block_hashes, block_hash_of=offload_block_hash)
+        block_hashes=prefix_block_hashes, block_hash_of=offload_block_hash, pending=pending)

@@ -168,8 +168,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         load_timeout: float | None = None,
         tenant: str = "default",
         trust_client_tenant: bool = True,
-        shared_tenants: list[str] | None = None,
-        keep_prefixes: list[Any] | None = None,
+        shared_tenants: list[str] | None = None, keep_prefixes: list[Any] | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self._options = options = TierOptions.checked(
@@ -212,7 +211,8 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             self._region.release()
             raise
         self._init_state()
-        self._keeper = prefix_keeper(self._tenancy.chain_of, self._lock, options, offloading_spec)
+        self._keeper = prefix_keeper(  # kv_hints (.hints), named prefixes (.keep_prefixes)
+            self._tenancy.chain_of, self._lock, options, offloading_spec, lambda: self._repairs)
         _live.add(self)
         log.info("kvtier tier %r: chain %s, namespace %s, %d-byte chunks", tier_type,
                  " -> ".join(self._tier_names), self.namespace.hex, self._payload)

@@ -123,14 +123,15 @@ def test_a_prompt_sent_with_the_keep_hint_stays_while_others_are_evicted(
     assert not t_files & after  # sent beside it without the hint: evicted
 
     # a later process: the kept prompt is a hit, with the outputs of its cold run; the
-    # block past its deadline is a miss, the one stored beside it without one a hit
+    # block past its deadline is a miss, the one stored beside it without one a hit (sent
+    # before the misses, whose stores evict)
     later = Run(tmp_path, model_dir, config, [[
-        {"name": n, "prompt": p} for n, p in (("S", S), ("T", T), ("E", E), ("U", U))]]).result()
+        {"name": n, "prompt": p} for n, p in (("S", S), ("U", U), ("E", E), ("T", T))]]).result()
     (phase,) = later["phases"]
     assert {r["name"]: r["num_cached_tokens"] for r in phase} == {
-        "S": CACHED, "T": 0, "E": 0, "U": 32}
-    assert [r["ids"] for r in phase] == [cold["ids"], kept["T"]["ids"], last["E"]["ids"],
-                                         last["U"]["ids"]]
+        "S": CACHED, "U": 32, "E": 0, "T": 0}
+    assert [r["ids"] for r in phase] == [cold["ids"], last["U"]["ids"], last["E"]["ids"],
+                                         kept["T"]["ids"]]
 
 
 @pytest.mark.timeout(1200)

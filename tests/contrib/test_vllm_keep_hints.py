@@ -93,3 +93,24 @@ def test_a_later_request_with_the_hint_keeps_blocks_already_held(tier: Any) -> N
     assert kept_blocks(made, 1, timeout=0.2) == 0
     store(made, region, request("r2", ("kvtier.keep", "1")), 2)  # stores nothing new
     assert kept_blocks(made, 3) == 3
+
+
+def test_blocks_stored_over_ones_that_failed_to_load_are_kept(tier: Any,
+                                                              tmp_path: Path) -> None:
+    """A store over blocks that failed to load runs on the tier's repair thread, not as a
+    chain job: the hint's marks wait for it, so they find the new blocks held."""
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    made, region = tier
+    store(made, region, request("r1"), 1)
+    for path in (tmp_path / "store").rglob("*.kvb"):  # the blocks go behind the tier's back
+        if path.stat().st_size > ROW:
+            path.unlink()
+    made.submit_load(TransferJob(2, KEYS, np.array([3, 4, 5], dtype=np.int32), True,
+                                 request("r2")))
+    deadline = time.monotonic() + 10
+    while not any(r.job_id == 2 and not r.success for r in made.get_finished_jobs()):
+        assert time.monotonic() < deadline, "the load never failed"
+        time.sleep(0.005)
+    store(made, region, request("r3", ("kvtier.keep", "1")), 3)  # replaces them
+    assert kept_blocks(made, 3) == 3
