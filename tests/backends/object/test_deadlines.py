@@ -4,54 +4,21 @@ from the bucket, so another instance misses it too; the tier's own ``expire`` st
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from functools import partial
 
 import pytest
-from seaweed import SeaweedServer, object_options
-
-from kvtier.plugins.registry import BackendHandle, default_registry
+from object_blocks import Blocks, Opener, blob
 
 NS = "e" * 32
-Opener = Callable[..., BackendHandle]
-
-
-def blob(i: int, size: int = 1000) -> bytes:
-    return random.Random(i).randbytes(size)
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(8, "big") + b"due"
+BLOCKS = Blocks(b"due")
+key, exact = BLOCKS.key, BLOCKS.exact
 
 
 @pytest.fixture
-def open_object(s3_server: SeaweedServer, bucket: str) -> Iterator[Opener]:
-    """Opens object instances under one prefix of this test's; closes them after it."""
-    handles: list[BackendHandle] = []
-    prefix = object_options(s3_server, bucket)["prefix"]
-
-    def opener(**over: Any) -> BackendHandle:
-        handle = default_registry().create("object")
-        handle.open(object_options(s3_server, bucket, prefix=prefix, lookup_cache_ttl=0,
-                                   **over), NS)
-        handles.append(handle)
-        return handle
-
-    yield opener
-    for handle in handles:
-        handle.close()
-
-
-def exact(handle: BackendHandle, ids: list[int]) -> list[int]:
-    """The ids whose get returns their exact bytes; a wrong byte fails the test."""
-    out = []
-    for i, data in zip(ids, handle.get([key(i) for i in ids]), strict=True):
-        if data is not None:
-            assert bytes(data) == blob(i), i
-            out.append(i)
-    return out
+def open_object(open_object: Opener) -> Opener:
+    """The conftest's opener, in this module's namespace."""
+    return partial(open_object, NS)
 
 
 def test_a_block_past_its_deadline_is_a_miss_here_and_gone_from_the_bucket(

@@ -10,55 +10,24 @@ first's.
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from functools import partial
 
 import pytest
-from seaweed import SeaweedServer, object_options
+from object_blocks import Blocks, Opener, blob
 
-from kvtier.plugins.registry import BackendHandle, default_registry
+from kvtier.plugins.registry import BackendHandle
 
 NS = "c" * 32
-Opener = Callable[..., BackendHandle]
 RULES = {"*": {"keep": 3000}}
-
-
-def blob(i: int, size: int = 1000) -> bytes:
-    return random.Random(i).randbytes(size)
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(8, "big") + b"keep"
+BLOCKS = Blocks(b"keep")
+key, in_bucket = BLOCKS.key, BLOCKS.exact
 
 
 @pytest.fixture
-def open_object(s3_server: SeaweedServer, bucket: str) -> Iterator[Opener]:
-    """Opens object instances of one namespace under a prefix of this test's."""
-    handles: list[BackendHandle] = []
-    prefix = object_options(s3_server, bucket)["prefix"]
-
-    def opener(**over: Any) -> BackendHandle:
-        handle = default_registry().create("object")
-        handle.open(object_options(s3_server, bucket, prefix=prefix, lookup_cache_ttl=0,
-                                   **over), NS)
-        handles.append(handle)
-        return handle
-
-    yield opener
-    for handle in handles:
-        handle.close()
-
-
-def in_bucket(reader: BackendHandle, keys: list[int]) -> list[int]:
-    """The keys the bucket holds with their exact bytes; a wrong byte fails the test."""
-    out = []
-    for i, data in zip(keys, reader.get([key(i) for i in keys]), strict=True):
-        if data is not None:
-            assert bytes(data) == blob(i), i
-            out.append(i)
-    return out
+def open_object(open_object: Opener) -> Opener:
+    """The conftest's opener, in this module's namespace."""
+    return partial(open_object, NS)
 
 
 def flood(handle: BackendHandle, start: int, count: int) -> None:

@@ -7,57 +7,18 @@ once it has expired.  Every claim is read back from the bucket, byte for byte.
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
-from seaweed import SeaweedServer, object_options
+from object_blocks import Blocks, Opener, blob
 
 from kvtier.plugins.options import DeprecatedKey
-from kvtier.plugins.registry import BackendHandle, default_registry
 from kvtier.spec import ConfigError
 
 NS_ACME = "a" * 32
 NS_OTHER = "b" * 32
-Opener = Callable[..., BackendHandle]
-
-
-def blob(i: int, size: int = 1000) -> bytes:
-    return random.Random(i).randbytes(size)
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(8, "big") + b"ten"
-
-
-@pytest.fixture
-def open_object(s3_server: SeaweedServer, bucket: str) -> Iterator[Opener]:
-    """Opens object instances under one prefix of this test's; closes them after it."""
-    handles: list[BackendHandle] = []
-    prefix = object_options(s3_server, bucket)["prefix"]
-
-    def opener(namespace: str, **over: Any) -> BackendHandle:
-        handle = default_registry().create("object")
-        handle.open(object_options(s3_server, bucket, prefix=prefix, lookup_cache_ttl=0,
-                                   **over), namespace)
-        handles.append(handle)
-        return handle
-
-    yield opener
-    for handle in handles:
-        handle.close()
-
-
-def exact(handle: BackendHandle, keys: list[int]) -> list[int]:
-    """The keys whose get returns their exact bytes; a wrong byte fails the test."""
-    out = []
-    for i, data in zip(keys, handle.get([key(i) for i in keys]), strict=True):
-        if data is not None:
-            assert bytes(data) == blob(i), i
-            out.append(i)
-    return out
+BLOCKS = Blocks(b"ten")
+key, exact = BLOCKS.key, BLOCKS.exact
 
 
 def test_a_tenant_is_bounded_by_its_quota_and_another_by_the_capacity(
