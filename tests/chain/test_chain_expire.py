@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from plain_store import PlainStore
 
 from kvtier import open_chain
 from kvtier.chain import Chain
 from kvtier.chain.tenants import open_tenants
 from kvtier.plugins.registry import BackendRegistry
-from kvtier.spec import BlockStore
 
 BLOCK = 1000
 
@@ -122,31 +122,9 @@ def test_each_tenant_s_chain_expires_its_own_blocks() -> None:
         assert globex.get_bytes(keys([0], b"same")) == [block(1)]
 
 
-class _Plain(BlockStore):
-    """A third-party backend of the four required hooks: no kvtier_expire."""
-
-    name = "plain"
-
-    def _open(self, options: object, namespace: str) -> None:
-        self.blocks: dict[bytes, bytes] = {}
-
-    def _put(self, keys, blocks, evicted):  # type: ignore[no-untyped-def]
-        self.blocks.update((k, bytes(b)) for k, b in zip(keys, blocks, strict=True))
-        return [True] * len(keys)
-
-    def _get(self, keys):  # type: ignore[no-untyped-def]
-        return [self.blocks.get(k) for k in keys]
-
-    def _lookup(self, keys):  # type: ignore[no-untyped-def]
-        return [k in self.blocks for k in keys]
-
-    def _evict(self, keys):  # type: ignore[no-untyped-def]
-        return [self.blocks.pop(k, None) is not None for k in keys]
-
-
 def test_a_tier_that_holds_the_block_without_the_hook_makes_it_false() -> None:
     registry = BackendRegistry()
-    registry.register("plain-deadlineless", _Plain)
+    registry.register("plain-deadlineless", PlainStore)
     config = {"chain": [{"name": "ram", "backend": "host", "capacity": "8KiB"},
                         {"name": "plain", "backend": "plain-deadlineless",
                          "write": "through"}]}

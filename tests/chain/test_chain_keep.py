@@ -7,12 +7,12 @@ import time
 from collections.abc import Sequence
 
 import pytest
+from plain_store import PlainStore
 
 from kvtier import open_chain
 from kvtier.chain import Chain
 from kvtier.chain.tenants import open_tenants
 from kvtier.plugins.registry import BackendRegistry
-from kvtier.spec import BlockStore
 
 BLOCK = 1000
 
@@ -154,31 +154,9 @@ def test_a_tenant_s_kept_blocks_survive_another_tenant_s_flood() -> None:
         assert globex.keep(keys([139], b"glob")) == [False]
 
 
-class _Plain(BlockStore):
-    """A third-party backend of the four required hooks: no kvtier_keep."""
-
-    name = "plain"
-
-    def _open(self, options: object, namespace: str) -> None:
-        self.blocks: dict[bytes, bytes] = {}
-
-    def _put(self, keys, blocks, evicted):  # type: ignore[no-untyped-def]
-        self.blocks.update((k, bytes(b)) for k, b in zip(keys, blocks, strict=True))
-        return [True] * len(keys)
-
-    def _get(self, keys):  # type: ignore[no-untyped-def]
-        return [self.blocks.get(k) for k in keys]
-
-    def _lookup(self, keys):  # type: ignore[no-untyped-def]
-        return [k in self.blocks for k in keys]
-
-    def _evict(self, keys):  # type: ignore[no-untyped-def]
-        return [self.blocks.pop(k, None) is not None for k in keys]
-
-
 def test_a_backend_without_the_hook_is_skipped() -> None:
     registry = BackendRegistry()
-    registry.register("plain-keepless", _Plain)
+    registry.register("plain-keepless", PlainStore)
     config = {"chain": [{"name": "ram", "backend": "host", "capacity": "8KiB",
                          "tenants": {"*": {"keep": "4KiB"}}},
                         {"name": "plain", "backend": "plain-keepless"}]}
