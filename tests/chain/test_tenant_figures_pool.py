@@ -8,20 +8,16 @@ it wrote (computed with the block format, apart from the backend).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import yaml
+from tenant_figures import MODEL, framed, free_port
 
-from kvtier.block import framing
-from kvtier.block.framing import Codec
-from kvtier.block.namespace import Namespace
 from kvtier.chain.tenants import open_tenants
 
-MODEL = Namespace(model="llama-test")
 CHILD = """
 import sys
 from kvtier.chain.tenants import open_tenants
@@ -29,17 +25,6 @@ with open_tenants(sys.argv[1], "llama-test") as tenants:
     keys = [b"g%d" % i for i in range(3)]
     assert tenants.chain("globex").put(keys, [bytes([i]) * 5000 for i in range(3)]) == [True] * 3
 """
-
-
-def framed(tenant: str, key: bytes, payload: bytes) -> int:
-    ns = MODEL.for_tenant(tenant)
-    return len(framing.encode(ns.fingerprint, key, payload, Codec(tenant=tenant.encode())))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_pool_reports_the_tenants_of_other_processes(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ kept (the block format, apart from the backend).
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,10 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from tenant_figures import MODEL, framed, free_port
 
-from kvtier.block import framing
-from kvtier.block.framing import Codec
-from kvtier.block.namespace import Namespace
 from kvtier.chain.tenants import open_tenants
 
-MODEL = Namespace(model="llama-test")
 BLOCK = 7000  # payload bytes: a budget of 16 KiB keeps 2 of them, framed
 CHILD = """
 import sys
@@ -37,17 +33,6 @@ with open_tenants(sys.argv[1], "llama-test") as tenants:
     assert chain.put(keys, [bytes([i]) * 7000 for i in range(3)]) == [True] * 3
     assert chain.keep(keys) == [True, True, False]  # the third is beyond the budget
 """
-
-
-def framed(tenant: str, key: bytes, payload: bytes) -> int:
-    ns = MODEL.for_tenant(tenant)
-    return len(framing.encode(ns.fingerprint, key, payload, Codec(tenant=tenant.encode())))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_kept_bytes_and_refused_marks_are_per_tenant(tmp_path: Path) -> None:
