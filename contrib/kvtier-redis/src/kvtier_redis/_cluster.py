@@ -297,28 +297,17 @@ class ClusterStore:
     def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
         """Marks per shard, each within its part of the budget; a shard that failed
         answers False for its keys (not kept)."""
-        by_shard = self._by_shard(keys)
-        commands: dict[int, list[Command]] = {}
-        parts: dict[int, list[list[int]]] = {}
-        for s, indices in by_shard.items():
-            shard = self._shards[s]
-            parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
-                        for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
-            commands[s] = [shard.keep([keys[i] for i in part], keep) for part in parts[s]]
-        out: list[bool | None] = [False] * len(keys)
-        answers = self._execute(commands)
-        for s, shard_answers in answers.items():
-            if isinstance(shard_answers, Failed):
-                continue
-            for part, answer in zip(parts[s], shard_answers):
-                flags = keep_answers(answer, len(part))
-                for index, flag in zip(part, flags or ()):
-                    out[index] = flag
-        self._raise_if_all_failed(answers)
-        return out
+        return self._flags_per_shard(keys, lambda shard, part: shard.keep(part, keep))
 
     def expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
         """Deadlines per shard; a shard that failed answers False for its keys (not set)."""
+        return self._flags_per_shard(keys, lambda shard, part: shard.deadline(part, after))
+
+    def _flags_per_shard(
+        self, keys: Sequence[bytes], command: Callable[[Space, list[bytes]], Command],
+    ) -> list[bool | None]:
+        """One flag per key from a script run on each shard over its keys, in parts of
+        at most _MAX_KEYS_PER_SCRIPT; a shard that failed answers False for its keys."""
         by_shard = self._by_shard(keys)
         commands: dict[int, list[Command]] = {}
         parts: dict[int, list[list[int]]] = {}
@@ -326,7 +315,7 @@ class ClusterStore:
             shard = self._shards[s]
             parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
                         for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
-            commands[s] = [shard.deadline([keys[i] for i in part], after) for part in parts[s]]
+            commands[s] = [command(shard, [keys[i] for i in part]) for part in parts[s]]
         out: list[bool | None] = [False] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
