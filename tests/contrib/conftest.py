@@ -11,6 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from redis_server import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of the module's own (a module picks its databases)."""
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

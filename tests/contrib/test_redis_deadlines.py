@@ -9,15 +9,12 @@ push the expiry past it.  On a cluster, each shard sets its part.
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
-from kvtier_redis import RedisBackend
 from redis_server import RedisServer
+from redis_tenants import block, fresh_url, open_tenant
 
 from kvtier.testing.expire import ExpireTests
 
@@ -26,27 +23,9 @@ NS_B = "b" * 32
 DB = 10
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
 @pytest.fixture
-def url(redis_server: RedisServer) -> Iterator[str]:
-    with redis.Redis.from_url(redis_server.url(DB)) as client:
-        client.flushdb()
-    yield redis_server.url(DB)
-
-
-def block(seed: int, size: int = 1000) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def open_tenant(url: str, tenant: str, namespace: str, **options: Any) -> RedisBackend:
-    backend = RedisBackend()
-    backend.kvtier_open({"url": url, "tenant": tenant, **options}, namespace)
-    return backend
+def url(redis_server: RedisServer) -> str:
+    return fresh_url(redis_server, DB)
 
 
 class TestRedisExpireKit(ExpireTests):
@@ -61,10 +40,8 @@ class TestRedisExpireKit(ExpireTests):
                 "tenants": {"*": {"quota": "2MiB"}}, "expire": {"unused": "1h"}}
 
     @pytest.fixture(autouse=True)
-    def _fresh_database(self, redis_server: RedisServer) -> Iterator[None]:
-        with redis.Redis.from_url(redis_server.url(DB + 1)) as client:
-            client.flushdb()
-        yield
+    def _fresh_database(self, redis_server: RedisServer) -> None:
+        fresh_url(redis_server, DB + 1)
 
 
 @pytest.mark.parametrize("options", [

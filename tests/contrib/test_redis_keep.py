@@ -11,15 +11,12 @@ the budget, ``keep // shards``.
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
-from kvtier_redis import RedisBackend
 from redis_server import RedisServer
+from redis_tenants import block, fresh_url, open_tenant
 from writer_process import put_in_another_process
 
 from kvtier.testing.keep import KeepTests
@@ -30,31 +27,13 @@ NS_C = "c" * 32  # tenant c's
 DB = 8
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
 @pytest.fixture
-def url(redis_server: RedisServer) -> Iterator[str]:
-    with redis.Redis.from_url(redis_server.url(DB)) as client:
-        client.flushdb()
-    yield redis_server.url(DB)
-
-
-def block(seed: int, size: int = 1000) -> bytes:
-    return random.Random(seed).randbytes(size)
+def url(redis_server: RedisServer) -> str:
+    return fresh_url(redis_server, DB)
 
 
 def keys(name: str, count: int) -> list[bytes]:
     return [f"{name}{i}".encode() for i in range(count)]
-
-
-def open_tenant(url: str, tenant: str, namespace: str, **options: Any) -> RedisBackend:
-    backend = RedisBackend()
-    backend.kvtier_open({"url": url, "tenant": tenant, **options}, namespace)
-    return backend
 
 
 # --- the conformance kit's keep group ----------------------------------------------
@@ -73,10 +52,8 @@ class TestRedisKeepKit(KeepTests):
                 "max_block_size": "2MiB", "tenants": {"*": {"keep": "1MiB"}}}
 
     @pytest.fixture(autouse=True)
-    def _fresh_database(self, redis_server: RedisServer) -> Iterator[None]:
-        with redis.Redis.from_url(redis_server.url(DB + 1)) as client:
-            client.flushdb()
-        yield
+    def _fresh_database(self, redis_server: RedisServer) -> None:
+        fresh_url(redis_server, DB + 1)
 
     def test_kept_bytes_and_refusals_are_figures(self) -> None:
         held, more = b"figures-held", b"figures-more"

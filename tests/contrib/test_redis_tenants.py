@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import redis
-from kvtier_redis import RedisBackend, _scripts
+from kvtier_redis import _scripts
 from redis_server import RedisServer
+from redis_tenants import block, fresh_url, open_tenant
 from writer_process import put_in_another_process
 
 from kvtier.policies.tenancy import TenantRule, TenantRules, parse_tenants
@@ -31,27 +32,9 @@ NS_B = "b" * 32  # tenant b's namespace
 DB = 6
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
 @pytest.fixture
-def url(redis_server: RedisServer) -> Iterator[str]:
-    with redis.Redis.from_url(redis_server.url(DB)) as client:
-        client.flushdb()
-    yield redis_server.url(DB)
-
-
-def block(seed: int, size: int = 1000) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def open_tenant(url: str, tenant: str, namespace: str, **options: Any) -> RedisBackend:
-    backend = RedisBackend()
-    backend.kvtier_open({"url": url, "tenant": tenant, **options}, namespace)
-    return backend
+def url(redis_server: RedisServer) -> str:
+    return fresh_url(redis_server, DB)
 
 
 # --- the conformance kit on a pool ----------------------------------------------------
@@ -70,11 +53,9 @@ class TestRedisKitPool(BackendTests):
                 "max_block_size": "2MiB", "tenants": {"*": {"weight": 1}}, "expire": "1h"}
 
     @pytest.fixture(autouse=True)
-    def _fresh_database(self, redis_server: RedisServer) -> Iterator[None]:
+    def _fresh_database(self, redis_server: RedisServer) -> None:
         # the pool spans namespaces: each test starts with it empty
-        with redis.Redis.from_url(redis_server.url(DB + 1)) as client:
-            client.flushdb()
-        yield
+        fresh_url(redis_server, DB + 1)
 
     def test_declares_the_pool(self) -> None:
         assert self.caps.capacity_scope == "pool" and self.caps.capacity == 4 << 20
