@@ -37,7 +37,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis import BlockingConnectionPool
 from redis.backoff import ExponentialBackoff
@@ -84,6 +84,16 @@ _POOL_DATA_NAME = re.compile(rb"pool:[0-9]+\}:([0-9a-f]{32}):b:(.+)", re.DOTALL)
 _SCAN_COUNT = 1000
 
 Command = tuple[Any, ...]
+#: What a per-shard script answers for one key: removed, kept, set (None: not held).
+_Flag = TypeVar("_Flag")
+
+
+def _removed_flags(answer: Any, count: int) -> list[bool] | None:
+    """What ``EVICT`` answers for ``count`` members, one 1 / 0 each; None for a reply
+    of another shape."""
+    if not isinstance(answer, list) or len(answer) != count:
+        return None
+    return [bool(flag) for flag in answer]
 
 
 def _buffer(block: BytesLike) -> bytes | bytearray | memoryview:
@@ -274,40 +284,27 @@ class ClusterStore:
         return present
 
     def evict(self, keys: Sequence[bytes]) -> list[bool]:
-        by_shard = self._by_shard(keys)
-        commands: dict[int, list[Command]] = {}
-        parts: dict[int, list[list[int]]] = {}
-        for s, indices in by_shard.items():
-            shard = self._shards[s]
-            parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
-                        for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
-            commands[s] = [shard.members(EVICT, [keys[i] for i in part]) for part in parts[s]]
-        removed = [False] * len(keys)
-        answers = self._execute(commands)
-        for s, shard_answers in answers.items():
-            if isinstance(shard_answers, Failed):
-                continue
-            for part, flags in zip(parts[s], shard_answers):
-                if isinstance(flags, list) and len(flags) == len(part):
-                    for index, flag in zip(part, flags):
-                        removed[index] = bool(flag)
-        self._raise_if_all_failed(answers)
-        return removed
+        return self._flags_per_shard(
+            keys, lambda shard, part: shard.members(EVICT, part), _removed_flags, False)
 
     def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
         """Marks per shard, each within its part of the budget; a shard that failed
         answers False for its keys (not kept)."""
-        return self._flags_per_shard(keys, lambda shard, part: shard.keep(part, keep))
+        return self._flags_per_shard(
+            keys, lambda shard, part: shard.keep(part, keep), keep_answers, False)
 
     def expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
         """Deadlines per shard; a shard that failed answers False for its keys (not set)."""
-        return self._flags_per_shard(keys, lambda shard, part: shard.deadline(part, after))
+        return self._flags_per_shard(
+            keys, lambda shard, part: shard.deadline(part, after), keep_answers, False)
 
     def _flags_per_shard(
         self, keys: Sequence[bytes], command: Callable[[Space, list[bytes]], Command],
-    ) -> list[bool | None]:
+        read: Callable[[Any, int], Sequence[_Flag] | None], miss: _Flag,
+    ) -> list[_Flag]:
         """One flag per key from a script run on each shard over its keys, in parts of
-        at most _MAX_KEYS_PER_SCRIPT; a shard that failed answers False for its keys."""
+        at most _MAX_KEYS_PER_SCRIPT, each part's answer read by ``read`` (None for a
+        reply of another shape); a key of a failed shard or such a reply gets ``miss``."""
         by_shard = self._by_shard(keys)
         commands: dict[int, list[Command]] = {}
         parts: dict[int, list[list[int]]] = {}
@@ -316,13 +313,13 @@ class ClusterStore:
             parts[s] = [indices[i:i + _MAX_KEYS_PER_SCRIPT]
                         for i in range(0, len(indices), _MAX_KEYS_PER_SCRIPT)]
             commands[s] = [command(shard, [keys[i] for i in part]) for part in parts[s]]
-        out: list[bool | None] = [False] * len(keys)
+        out: list[_Flag] = [miss] * len(keys)
         answers = self._execute(commands)
         for s, shard_answers in answers.items():
             if isinstance(shard_answers, Failed):
                 continue
             for part, answer in zip(parts[s], shard_answers):
-                flags = keep_answers(answer, len(part))
+                flags = read(answer, len(part))
                 for index, flag in zip(part, flags or ()):
                     out[index] = flag
         self._raise_if_all_failed(answers)
