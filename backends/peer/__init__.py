@@ -35,6 +35,8 @@ RELEASE requests), at their own tiers, within those tiers' ``keep`` budget
 for the tenant ``default`` (the server counts every namespace as it); a
 server of before those requests answers each mark False (refused) and each
 release None, and its connection stays up (docs/tenants.md, "Keep").
+``kvtier_expire`` gives blocks a deadline at the servers' tiers (EXPIRE
+requests) the same way; a server of before it answers each key False.
 
 ``kvtier_scan`` is not implemented: the blocks live in the serving nodes'
 own chains, which may span several tiers per node (RAM, disk, a bucket), so
@@ -70,7 +72,7 @@ from kvtier.spec import (
     ProtocolError,
     RefusedError,
 )
-from kvtier.spec.base import Evicted, GetInto, Keep, PutParts
+from kvtier.spec.base import Evicted, Expire, GetInto, Keep, PutParts
 from kvtier.spec.shared import CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
 
 from .ring import Ring
@@ -146,7 +148,7 @@ class _Round:
     again: dict[int, list[int]] = field(default_factory=dict)
 
 
-class PeerBackend(PutParts, GetInto, Keep):
+class PeerBackend(PutParts, GetInto, Keep, Expire):
     """Blocks held by other nodes' ``kvtier serve``, over the kvtier peer protocol."""
 
     name = "peer"
@@ -329,27 +331,36 @@ class PeerBackend(PutParts, GetInto, Keep):
         return result
 
     def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
-        # per key: False where a server refused (or cannot keep: it predates KEEP),
-        # else True where one kept (released) it, else None (held by none)
+        # a release where the server predates RELEASE: no mark there to release
+        return self._outcomes("keep", keys, {"t": pp.KEEP if keep else pp.RELEASE},
+                              refused_if_lacking=keep)
+
+    def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        return self._outcomes("expire", keys, {"t": pp.EXPIRE, "d": float(after)},
+                              refused_if_lacking=True)
+
+    def _outcomes(self, what: str, keys: Sequence[bytes], header: dict[str, Any],
+                  refused_if_lacking: bool) -> list[bool | None]:
+        # per key: False where a server refused (or cannot: it predates the request),
+        # else True where one did it, else None (held by none)
         result: list[bool | None] = [None] * len(keys)
         calls: list[_Call] = []
 
         def build(peer: Peer, chunk: list[int]) -> _Call:
-            calls.append(_Call(peer, chunk, {"t": pp.KEEP if keep else pp.RELEASE,
-                                             "k": [keys[i] for i in chunk]}))
+            calls.append(_Call(peer, chunk, {**header, "k": [keys[i] for i in chunk]}))
             return calls[-1]
 
         def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
             if reply.marks is None or len(reply.marks) != len(call.indices):
-                raise ProtocolError("KEEP reply does not match its keys")
+                raise ProtocolError(f"{pp.NAMES[header['t']]} reply does not match its keys")
             for i, answer in zip(call.indices, reply.marks):
                 if answer is False or (answer is True and result[i] is None):
                     result[i] = answer
             return []
 
-        self._dispatch("keep", keys, list(range(len(keys))), build, done, None)
+        self._dispatch(what, keys, list(range(len(keys))), build, done, None)
         for call in calls:
-            for i in call.indices if call.lacking and keep else ():
+            for i in call.indices if call.lacking and refused_if_lacking else ():
                 result[i] = False
         return result
 

@@ -12,9 +12,9 @@ at once, its bytes freed, counted in the tier's ``expired``.  A kept block
 (:meth:`~kvtier.chain.Chain.keep`) still expires at its deadline.
 
 Deadlines are set at every tier that holds the block and implements
-``kvtier_expire`` (contract 1.3: ``host``, ``fs``, ``object``, ``redis``).  A
-tier that holds the block without the hook keeps it by its own ``expire``
-alone, so ``expire`` answers False for that key: the caller knows the block
+``kvtier_expire`` (contract 1.3: ``host``, ``fs``, ``object``, ``redis``,
+``peer``).  A tier that holds the block without the hook keeps it by its own
+``expire`` alone, so ``expire`` answers False for that key: the caller knows the block
 may outlive the deadline there, and may evict it.  As with :meth:`~kvtier.chain.Chain.keep`,
 copies still queued for tiers below land first; a copy made later (a
 promotion, a demotion) carries no deadline where it lands.

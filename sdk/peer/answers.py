@@ -1,4 +1,4 @@
-"""What ``kvtier serve`` answers per key: a GET's blobs, an EVICT's and a KEEP's flags.
+"""What ``kvtier serve`` answers per key: a GET's blobs, an EVICT's, KEEP's, EXPIRE's flags.
 
 Each works on the chain of the connection's namespace, the one its handshake
 named, so a request can reach no other namespace's blocks, and no other
@@ -11,11 +11,12 @@ client's tenant), so a KEEP is bounded by the ``keep`` budget of their
 from __future__ import annotations
 
 from kvtier.chain.chain import Chain
+from kvtier.chain.expiring import set_deadline
 from kvtier.chain.keeping import mark
 from kvtier.peer import protocol as pp
 from kvtier.spec import BytesLike
 
-__all__ = ["evict", "get", "keep"]
+__all__ = ["evict", "expire", "get", "keep"]
 
 
 def get(rid: int, chain: Chain, keys: list[bytes], limit: int) -> list[BytesLike]:
@@ -60,6 +61,20 @@ def keep(chain: Chain, keys: list[bytes], marked: bool) -> list[bool | None]:
     out: list[bool | None] = [None] * len(keys)
     for tier in chain.tiers:
         for i, answer in enumerate(mark(tier, keys, marked)):
+            if answer is False or (answer is True and out[i] is None):
+                out[i] = answer
+    return out
+
+
+def expire(chain: Chain, keys: list[bytes], after: float) -> list[bool | None]:
+    """Give ``keys`` a deadline ``after`` seconds from now at every tier, as
+    ``kvtier_expire`` answers: per key False where a tier that holds it refused
+    the deadline or holds none (no ``kvtier_expire``: it outlives the deadline
+    there), True where one set it, None where no tier holds it."""
+    chain.flush()  # queued copies land first, as Chain.expire does
+    out: list[bool | None] = [None] * len(keys)
+    for tier in chain.tiers:
+        for i, answer in enumerate(set_deadline(tier, keys, after)):
             if answer is False or (answer is True and out[i] is None):
                 out[i] = answer
     return out

@@ -39,6 +39,7 @@ Requests carry ``id`` and are batched (``k``: list of keys)::
     STATS  {id}                           -> REPLY {id} + msgpack stats map
     KEEP   {id, k}                        -> REPLY {id, o: [kept | None]}   (optional)
     RELEASE {id, k}                       -> REPLY {id, o: [True | None]}   (optional)
+    EXPIRE {id, k, d}                     -> REPLY {id, o: [set | None]}    (optional)
     any                                   -> ERROR {id, c, m} (the request failed)
 
 Optional requests are sent only to a server whose WELCOME lists them in
@@ -46,6 +47,8 @@ Optional requests are sent only to a server whose WELCOME lists them in
 would close a connection on a type it does not know).  KEEP and RELEASE mark
 blocks kept, or release them, at the tiers of the connection's chain
 (``kvtier_keep``): per key True, False (refused) or None (not held there).
+EXPIRE gives blocks a deadline ``d`` seconds from now (finite, above 0) at
+those tiers (``kvtier_expire``), answered the same way.
 
 In a GET reply ``None`` is a miss and ``-1`` a block that did not fit in this
 reply's payload limit: ask for it again.  The server answers the requests of
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import socket
 import struct
@@ -119,14 +123,15 @@ MAX_U32 = 0xFFFFFFFF
 
 # message types (plain ints: they travel as msgpack ints)
 HELLO, WELCOME, AUTH, AUTH_OK, ERROR = 1, 2, 3, 4, 5
-GET, PUT, LOOKUP, EVICT, STATS, KEEP, RELEASE = 16, 17, 18, 19, 20, 21, 22
+GET, PUT, LOOKUP, EVICT, STATS, KEEP, RELEASE, EXPIRE = 16, 17, 18, 19, 20, 21, 22, 23
 REPLY = 32
 #: Requests a server answers only if its WELCOME lists them (``x``).
-OPTIONAL = frozenset({KEEP, RELEASE})
+OPTIONAL = frozenset({KEEP, RELEASE, EXPIRE})
 REQUESTS = frozenset({GET, PUT, LOOKUP, EVICT, STATS}) | OPTIONAL
 NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", AUTH: "AUTH", AUTH_OK: "AUTH_OK",
          ERROR: "ERROR", GET: "GET", PUT: "PUT", LOOKUP: "LOOKUP", EVICT: "EVICT",
-         STATS: "STATS", KEEP: "KEEP", RELEASE: "RELEASE", REPLY: "REPLY"}
+         STATS: "STATS", KEEP: "KEEP", RELEASE: "RELEASE", EXPIRE: "EXPIRE",
+         REPLY: "REPLY"}
 #: Size of a GET reply entry for a block that did not fit: ask again.
 RETRY = -1
 
@@ -174,6 +179,7 @@ class Request:
     rid: int
     keys: list[bytes]
     sizes: list[int]  # PUT only, else empty
+    after: float = 0.0  # EXPIRE only: the deadline, seconds from now
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,7 @@ class Reply:
     rid: int
     sizes: list[int | None] | None  # GET
     flags: list[bool] | None  # PUT, LOOKUP, EVICT
-    marks: list[bool | None] | None = None  # KEEP, RELEASE
+    marks: list[bool | None] | None = None  # KEEP, RELEASE, EXPIRE
 
 
 Message = Hello | Welcome | Auth | Error | Request | Reply
@@ -294,6 +300,12 @@ def _request(kind: int, h: dict[str, Any], payload_len: int) -> Request:
         _no_payload(kind, payload_len)
         return Request(kind, rid, [], [])
     keys = _keys(h)
+    if kind == EXPIRE:
+        _no_payload(kind, payload_len)
+        after = _field(h, "d")  # a float (an int from a client that rounds), never a bool
+        if type(after) not in (float, int) or not 0 < after < math.inf:
+            raise ProtocolError("EXPIRE field 'd' must be a number of seconds above 0")
+        return Request(kind, rid, keys, [], float(after))
     if kind != PUT:
         _no_payload(kind, payload_len)
         return Request(kind, rid, keys, [])

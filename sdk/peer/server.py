@@ -456,8 +456,9 @@ class PeerServer:
         keys, rid = request.keys, request.rid
         if request.kind == pp.GET:
             return answers.get(rid, chain, keys, limit)
-        if request.kind in (pp.KEEP, pp.RELEASE):  # of this connection's namespace only
-            marks = answers.keep(chain, keys, request.kind == pp.KEEP)
+        if request.kind in pp.OPTIONAL:  # of this connection's namespace only
+            marks = (answers.expire(chain, keys, request.after) if request.kind == pp.EXPIRE
+                     else answers.keep(chain, keys, request.kind == pp.KEEP))
             return [pp.frame({"t": pp.REPLY, "id": rid, "o": marks})]
         if request.kind == pp.PUT:
             flags = chain.put_blobs(keys, blobs, verify=False)  # checked where read

@@ -6,9 +6,9 @@ anything else, while the kit puts raw bytes.  Such a backend declares
 ``Capabilities(framed_only=True)``, and ``kvtier conformance`` then runs the
 kit's ``framed`` group on it and every other group on :class:`ChainOfOne`
 instead: a chain of that one backend, served through :meth:`Chain.put`,
-:meth:`Chain.get_bytes`, :meth:`Chain.lookup`, :meth:`Chain.evict` and
-:meth:`Chain.keep`, so that every block is framed on the way out and
-checked on the way back, as on a node.
+:meth:`Chain.get_bytes`, :meth:`Chain.lookup`, :meth:`Chain.evict`,
+:meth:`Chain.keep` and :meth:`Chain.expire`, so that every block is framed
+on the way out and checked on the way back, as on a node.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ class ChainAsBackend:
     """A whole chain served through the backend hooks, so the kit can certify it.
 
     ``put`` is :meth:`Chain.put`, ``get`` :meth:`Chain.get_bytes`, ``lookup``,
-    ``evict`` and ``keep`` (:meth:`Chain.keep`, :meth:`Chain.release`) the
-    chain's own.  Subclasses declare their options in ``kvtier_options`` and
-    open the chain in :meth:`_open`; an option ``settle`` (true) makes put and
-    get wait for the chain's background writes, for chains whose demotions
-    would otherwise read as misses meanwhile.
+    ``evict``, ``keep`` (:meth:`Chain.keep`, :meth:`Chain.release`) and
+    ``expire`` the chain's own.  Subclasses declare their options in
+    ``kvtier_options`` and open the chain in :meth:`_open`; an option ``settle``
+    (true) makes put and get wait for the chain's background writes, for
+    chains whose demotions would otherwise read as misses meanwhile.
     """
 
     def __init__(self) -> None:
@@ -133,6 +133,14 @@ class ChainAsBackend:
         chain = self._live()
         held = [where is not None for where in chain.lookup(keys)]
         answer = chain.keep(keys) if keep else chain.release(keys)
+        return [a if h else None for a, h in zip(answer, held, strict=True)]
+
+    @hookimpl
+    def kvtier_expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        # as keep: Chain.expire's False for a key no tier holds is None here
+        chain = self._live()
+        held = [where is not None for where in chain.lookup(keys)]
+        answer = chain.expire(keys, after)
         return [a if h else None for a, h in zip(answer, held, strict=True)]
 
 

@@ -35,7 +35,7 @@ key_lists = st.lists(keys, max_size=20)
 def valid_frames(draw: st.DrawFn) -> bytes:
     """A well-formed frame of any message type, payload included."""
     kind = draw(st.sampled_from(["hello", "welcome", "auth", "error", "get", "put", "lookup",
-                                 "stats", "keep", "reply_sizes", "reply_flags",
+                                 "stats", "keep", "expire", "reply_sizes", "reply_flags",
                                  "reply_marks"]))
     rid = draw(st.integers(0, 1 << 40))
     payload = b""
@@ -64,6 +64,9 @@ def valid_frames(draw: st.DrawFn) -> bytes:
     elif kind == "keep":
         header = {"t": draw(st.sampled_from([pp.KEEP, pp.RELEASE])), "id": rid,
                   "k": draw(key_lists)}
+    elif kind == "expire":
+        header = {"t": pp.EXPIRE, "id": rid, "k": draw(key_lists),
+                  "d": draw(st.floats(min_value=1e-6, max_value=1e12))}
     elif kind == "reply_marks":
         header = {"t": pp.REPLY, "id": rid,
                   "o": draw(st.lists(st.one_of(st.none(), st.booleans()), max_size=10))}
@@ -103,7 +106,7 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
         data[4:12] = struct.pack("<II", header_len, payload_len)
     else:
         header, payload = pp.decode_frame(bytes(data))
-        name = draw(st.sampled_from([*sorted(header), "t", "id", "k", "s", "v"]))
+        name = draw(st.sampled_from([*sorted(header), "t", "id", "k", "s", "v", "d"]))
         header[name] = draw(weird_values)
         return pp.frame(header, len(payload)) + bytes(payload)
     return bytes(data)
@@ -152,6 +155,20 @@ def test_a_welcome_names_the_optional_requests_it_answers() -> None:
     assert reply == pp.Reply(3, None, None, [True, None, False])
     with pytest.raises(ProtocolError):
         pp.parse_message({"t": pp.REPLY, "id": 3, "o": [1]}, 0)
+
+
+@pytest.mark.parametrize("after", [0, 0.0, -1.5, float("nan"), float("inf"), True, "10m", None])
+def test_an_expire_without_a_time_above_0_is_a_protocol_error(after: Any) -> None:
+    """The deadline is finite seconds above 0: anything else is a bad frame, as the
+    chain's ``expire`` would refuse it (a ``ValueError`` there)."""
+    with pytest.raises(ProtocolError, match="'d'"):
+        pp.parse_message({"t": pp.EXPIRE, "id": 1, "k": [b"k"], "d": after}, 0)
+    with pytest.raises(ProtocolError, match="'d'"):
+        pp.parse_message({"t": pp.EXPIRE, "id": 1, "k": [b"k"]}, 0)
+    good = pp.parse_message({"t": pp.EXPIRE, "id": 1, "k": [b"k"], "d": 2}, 0)
+    assert good == pp.Request(pp.EXPIRE, 1, [b"k"], [], 2.0)
+    with pytest.raises(ProtocolError):  # no payload
+        pp.parse_message({"t": pp.EXPIRE, "id": 1, "k": [b"k"], "d": 2.5}, 3)
 
 
 class BytesSocket:
