@@ -10,6 +10,8 @@ client's tenant), so a KEEP is bounded by the ``keep`` budget of their
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from kvtier.chain.chain import Chain
 from kvtier.chain.expiring import set_deadline
 from kvtier.chain.keeping import mark
@@ -58,12 +60,7 @@ def keep(chain: Chain, keys: list[bytes], marked: bool) -> list[bool | None]:
     one kept (released) it, None where no tier that keeps marks holds it."""
     if marked:
         chain.flush()  # queued copies land first, as Chain.keep does
-    out: list[bool | None] = [None] * len(keys)
-    for tier in chain.tiers:
-        for i, answer in enumerate(mark(tier, keys, marked)):
-            if answer is False or (answer is True and out[i] is None):
-                out[i] = answer
-    return out
+    return _per_key(len(keys), (mark(tier, keys, marked) for tier in chain.tiers))
 
 
 def expire(chain: Chain, keys: list[bytes], after: float) -> list[bool | None]:
@@ -72,9 +69,15 @@ def expire(chain: Chain, keys: list[bytes], after: float) -> list[bool | None]:
     the deadline or holds none (no ``kvtier_expire``: it outlives the deadline
     there), True where one set it, None where no tier holds it."""
     chain.flush()  # queued copies land first, as Chain.expire does
-    out: list[bool | None] = [None] * len(keys)
-    for tier in chain.tiers:
-        for i, answer in enumerate(set_deadline(tier, keys, after)):
+    return _per_key(len(keys), (set_deadline(tier, keys, after) for tier in chain.tiers))
+
+
+def _per_key(count: int, tiers_answers: Iterable[Sequence[bool | None]]) -> list[bool | None]:
+    """The tiers' answers joined per key: False where any tier said False, else True
+    where one said True, else None."""
+    out: list[bool | None] = [None] * count
+    for answers in tiers_answers:
+        for i, answer in enumerate(answers):
             if answer is False or (answer is True and out[i] is None):
                 out[i] = answer
     return out
