@@ -16,7 +16,7 @@ on nothing else of it.
 from __future__ import annotations
 
 from . import deprecated, hookspecs
-from .base import BlockStore, Evicted, Expire, GetInto, Keep, PutParts, Scan, Tamper
+from .base import BlockStore, Deadlines, Evicted, Expire, GetInto, Keep, PutParts, Scan, Tamper
 from .batch import Failed, check_batch, first_positions, map_batch, run_batch
 from .errors import (
     BackendError,
@@ -55,6 +55,7 @@ __all__ = [
     "ConnectionClosedError",
     "ContractError",
     "CorruptBlockError",
+    "Deadlines",
     "Evicted",
     "Expire",
     "Failed",

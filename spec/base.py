@@ -263,3 +263,15 @@ class Expire(BlockStore):
     def kvtier_expire(self, keys: Sequence[bytes], after: float) -> Sequence[bool | None]:
         self.ensure_open()
         return self._expire(keys, after) if keys else []
+
+
+class Deadlines(BlockStore):
+    """Mixin: ``kvtier_deadlines``, the deadlines left (contract 1.4); write ``_deadlines``."""
+
+    def _deadlines(self, keys: Sequence[bytes]) -> Sequence[float | None]:
+        raise NotImplementedError
+
+    @hookimpl
+    def kvtier_deadlines(self, keys: Sequence[bytes]) -> Sequence[float | None]:
+        self.ensure_open()
+        return self._deadlines(keys) if keys else []

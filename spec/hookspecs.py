@@ -58,6 +58,8 @@ marks blocks kept, out of the eviction order, within a tenant's retention
 budget; a backend without it simply keeps nothing.  ``kvtier_expire``
 (contract 1.3) gives blocks a deadline of their own, sooner than the tier's
 ``expire``; a backend without it keeps the tier's expiry alone.
+``kvtier_deadlines`` (contract 1.4) says what deadlines are left, so that a
+copy of a block (a promotion, a demotion) takes its block's deadline along.
 
 Raw access to the stored bytes, which the conformance kit's ``corruption``
 group needs, is no hook: the chain never asks for it.  It is the kit's
@@ -88,8 +90,9 @@ __all__ = [
 
 #: Version of this contract, ``"MAJOR.MINOR"``.  A new optional hook bumps the
 #: minor number; a changed signature or meaning bumps the major number.
-#: 1.1 added ``kvtier_scan``; 1.2 added ``kvtier_keep``; 1.3 added ``kvtier_expire``.
-CONTRACT_VERSION = "1.3"
+#: 1.1 added ``kvtier_scan``; 1.2 added ``kvtier_keep``; 1.3 added ``kvtier_expire``;
+#: 1.4 added ``kvtier_deadlines``.
+CONTRACT_VERSION = "1.4"
 
 #: The hooks every backend implements; the others are optional.
 REQUIRED_HOOKS = ("kvtier_put", "kvtier_get", "kvtier_lookup", "kvtier_evict")
@@ -352,7 +355,7 @@ def kvtier_scan(namespace: str | None) -> Iterator[Sequence[ScanEntry]]:
 
 
 # -------------------------------------------------------------------------
-# optional: retention (contract 1.2: keep; 1.3: expire)
+# optional: retention (contract 1.2: keep; 1.3: expire; 1.4: deadlines)
 # -------------------------------------------------------------------------
 
 
@@ -419,4 +422,29 @@ def kvtier_expire(keys: Sequence[bytes], after: float) -> Sequence[bool | None]:
 
     Backends without this hook hold no deadlines: the chain's ``expire``
     skips them (docs/tenants.md, "Expiry").
+    """
+
+
+@hookspec(firstresult=True)
+def kvtier_deadlines(keys: Sequence[bytes]) -> Sequence[float | None]:
+    """How long the blocks' deadlines (``kvtier_expire``) have left.
+
+    The chain asks the tier a block is copied from (a promotion up, a
+    demotion down) and gives the copy the same deadline where it lands, so
+    a deadline goes with its block from tier to tier.  Only deadlines count:
+    the tier's own ``expire`` is the operator's bound for that tier, and the
+    tier a copy lands in has its own.  A store shared by processes
+    (``shared=True``) answers the deadlines any of them set, once this
+    instance has seen them (as soon as ``kvtier_expire`` says a deadline
+    is seen).
+
+    :param keys: the keys, see the conventions above.
+    :return: per key, the seconds left before the block's deadline, above 0;
+        ``None`` if the key is not stored, its block has no deadline, or the
+        deadline has passed (the block is then a miss).
+        Asking is no use of the block (``expire``'s ``unused`` is not reset)
+        and no change to it.
+
+    Backends that implement ``kvtier_expire`` should implement this hook
+    too: without it a copy taken from them carries no deadline.
     """

@@ -231,6 +231,28 @@ class BackendHandle:
                                 f"{result!r} for {len(keys)} keys")
         return [None if r is None else bool(r) for r in result]
 
+    def deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        """Seconds left before ``keys``' deadlines (``kvtier_deadlines``, contract 1.4);
+        None where there is none, and for every key of a backend without the hook."""
+        if not keys or not self.implements("kvtier_deadlines"):
+            return [None] * len(keys)
+        result = self._hook.kvtier_deadlines(keys=keys)
+        if result is None or len(result) != len(keys):
+            raise ContractError(f"backend {_label(self.info)}: kvtier_deadlines answered "
+                                f"{result!r} for {len(keys)} keys")
+        return [_seconds_left(r, self.info) for r in result]
+
+
+def _seconds_left(answer: object, info: Any) -> float | None:
+    """A ``kvtier_deadlines`` answer checked: None, or seconds above 0."""
+    if answer is None:
+        return None
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not answer > 0 \
+            or answer != answer or answer == float("inf"):
+        raise ContractError(f"backend {_label(info)}: kvtier_deadlines answered {answer!r}: "
+                            "seconds above 0, or None")
+    return float(answer)
+
 
 def _checked_scan(batches: object, label: str) -> Iterator[list[ScanEntry]]:
     try:

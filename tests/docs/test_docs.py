@@ -69,7 +69,8 @@ def test_readme_backend_table_lists_every_option(backend: str) -> None:
 
 def test_every_hook_has_a_full_docstring() -> None:
     hooks = [getattr(hookspecs, n) for n in dir(hookspecs) if n.startswith("kvtier_")]
-    assert len(hooks) == 14  # 1.1 kvtier_scan, 1.2 kvtier_keep, 1.3 kvtier_expire; kvtier_tamper
+    # 1.1 kvtier_scan, 1.2 kvtier_keep, 1.3 kvtier_expire, 1.4 kvtier_deadlines; kvtier_tamper
+    assert len(hooks) == 15
     for hook in hooks:
         doc = inspect.getdoc(hook) or ""
         assert doc, hook.__name__
