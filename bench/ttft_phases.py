@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+from page_cache import drop_file, drop_page_cache  # the tests' helper: one copy of it
 
 __all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "drop_file", "drop_page_cache",
            "medium_read", "object_read", "one_file", "pieces", "svg_chart"]
@@ -99,23 +103,6 @@ def one_file(path: Path, size: int) -> Path:
             f.flush()
             os.fsync(f.fileno())
     return path
-
-
-def drop_file(path: str) -> None:
-    """Drop ``path`` from the page cache: fsync, then ``POSIX_FADV_DONTNEED``."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def drop_page_cache(root: str) -> None:
-    """Drop every file under ``root`` from the page cache."""
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            drop_file(os.path.join(dirpath, name))
 
 
 def medium_read(reads: Sequence[tuple[str, int, int]], threads: int) -> float:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fs_blocks import open_fs, store_of
+from page_cache import drop_file, drop_page_cache
 
 from kvtier import Namespace, open_chain
 from kvtier.backends.fs import direct as fs_direct
@@ -65,17 +66,6 @@ class PreadvLog:
         monkeypatch.setattr(os, "preadv", preadv)
 
 
-def drop_cache(root: Path) -> None:
-    """Push every block file under ``root`` out of the page cache (fsync first: clean pages go)."""
-    for path in root.rglob("*.kvb"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def test_large_blocks_are_read_direct_and_exact(
     tmp_path: Path, handles: list[BackendHandle], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -85,7 +75,7 @@ def test_large_blocks_are_read_direct_and_exact(
     keys = [f"direct-{n}".encode() for n in SIZES]
     blocks = [blob(n, 1) for n in SIZES]
     assert all(tier.put(keys, blocks, []))
-    drop_cache(tmp_path / "store")
+    drop_page_cache(tmp_path / "store", ".kvb")
     log = PreadvLog(monkeypatch)
     outs, lists = scatter_lists(list(SIZES))
     assert list(tier.get_into(keys, lists)) == list(SIZES)
@@ -112,12 +102,7 @@ def test_cached_blocks_are_read_from_the_page_cache_into_the_callers_buffers(
     assert all(tier.put(keys, blocks, []))
     # "hot" is read through the page cache (a direct write left it out), "cold" leaves it
     assert Path(store.path(b"hot")).read_bytes() == blocks[0]
-    fd = os.open(store.path(b"cold"), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_file(store.path(b"cold"))
     log = PreadvLog(monkeypatch)
     for key, data in zip(keys, blocks):
         outs, lists = scatter_lists([len(data)])
@@ -167,7 +152,8 @@ def test_filesystem_refusing_o_direct_falls_back(
     assert all(tier.put(keys, blocks, []))
     tried = []
     for _ in range(2):  # both passes are exact
-        drop_cache(tmp_path / "store")  # cached files would be read without trying O_DIRECT
+        # cached files would be read without trying O_DIRECT
+        drop_page_cache(tmp_path / "store", ".kvb")
         outs, lists = scatter_lists(list(SIZES))
         assert list(tier.get_into(keys, lists)) == list(SIZES)
         assert [bytes(o) for o in outs] == blocks
@@ -187,7 +173,8 @@ def test_parallel_direct_reads_use_a_buffer_per_thread(
     assert all(tier.put(keys, blocks, []))
     for attempt in range(3):
         if attempt:
-            drop_cache(tmp_path / "store")  # the first pass reads the page cache, the rest the disk
+            # the first pass reads the page cache, the rest the disk
+            drop_page_cache(tmp_path / "store", ".kvb")
         outs, lists = scatter_lists(sizes)
         assert list(tier.get_into(keys, lists)) == sizes
         assert [bytes(o) for o in outs] == blocks
@@ -222,7 +209,7 @@ def test_a_chain_reads_payloads_straight_into_aligned_memory(
         assert chain.put(keys, payloads) == [True] * 5
         if chain.tiers[0].handle.instance._store.direct_min == 0:
             pytest.skip("the backend did not enable O_DIRECT here")
-        drop_cache(tmp_path / "kv")
+        drop_page_cache(tmp_path / "kv", ".kvb")
         log = PreadvLog(monkeypatch)
         tail = bytearray(odd)
         assert chain.get(keys, [*rows, memoryview(tail)]) == [True] * 5
