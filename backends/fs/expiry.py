@@ -25,7 +25,10 @@ next put or get at most :data:`POLL_S` later and enters in its own clock.
 Without the pool (a remote root, ``capacity_scope: process``) the deadline
 is this process's alone: its sweep deletes the file at the deadline, and it
 is lost if the process exits first.  Without ``expire`` the store's methods
-are wrapped at the first deadline.
+are wrapped at the first deadline.  ``kvtier_deadlines`` answers the earlier
+of this process's deadline and the pool's row, read at the call, so a copy
+of the block (a promotion) takes along a deadline another process set
+before this one's next look.
 
 The store's methods are wrapped on the instance, not by a wrapper class:
 the backend and the pool tell a local store by its type.
@@ -39,17 +42,18 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from kvtier.policies.expiry import ExpiryClock
 from kvtier.policies.tenancy import parse_expiry
 from kvtier.spec import KvtierError
+from kvtier.spec.base import Deadlines as DeadlinesLeft
 from kvtier.spec.base import Expire
 
 from .layout import Store
 from .pool import SharedPool
 from .pool_capacity import PoolCapacity
-from .pool_deadlines import set_deadlines, since
+from .pool_deadlines import deadlines_of, set_deadlines, since
 from .room import Capacity
 
 __all__ = ["POLL_S", "Deadlines", "Expirer"]
@@ -99,6 +103,11 @@ class Expirer:
             if not self.enabled:
                 self.enabled = True
                 self._wrap()
+
+    def deadlines_at(self, keys: Sequence[bytes]) -> list[float | None]:
+        """``keys``' own deadlines in this process's clock (monotonic), None where none."""
+        with self._lock:
+            return [self._clock.deadline_of(k) for k in keys]
 
     def past(self, key: bytes) -> bool:
         """Whether this process knows ``key``'s block to have expired."""
@@ -223,9 +232,9 @@ class Expirer:
             return now
 
 
-class Deadlines(Expire):
-    """Mixin of :class:`~kvtier.backends.fs.FsBackend`: ``kvtier_expire`` (module
-    docstring)."""
+class Deadlines(Expire, DeadlinesLeft):
+    """Mixin of :class:`~kvtier.backends.fs.FsBackend`: ``kvtier_expire`` and
+    ``kvtier_deadlines`` (module docstring)."""
 
     _capacity: Capacity
     _expirer: Expirer
@@ -250,3 +259,25 @@ class Deadlines(Expire):
             answers.update(dict.fromkeys(held, True))
         expirer.deadline([k for k in held if answers[k]], at)
         return [answers[k] for k in keys]
+
+    def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        expirer = self._expirer
+        at = expirer.deadlines_at(keys)  # this process's, on its monotonic clock
+        pool = self._deadline_pool()
+        if pool is not None:  # and every process's, on the wall clock, read now
+            ahead = time.monotonic() - time.time()
+            for j, wall in enumerate(deadlines_of(pool, keys)):
+                if wall is not None:
+                    mine = at[j]
+                    at[j] = wall + ahead if mine is None else min(mine, wall + ahead)
+        asked = [j for j, a in enumerate(at) if a is not None]
+        out: list[float | None] = [None] * len(keys)
+        if not asked:
+            return out
+        held = self._lookup([keys[j] for j in asked])
+        now = time.monotonic()
+        for j, found in zip(asked, held, strict=True):
+            left = cast(float, at[j]) - now
+            if found and left > 0 and not expirer.past(keys[j]):
+                out[j] = left
+        return out

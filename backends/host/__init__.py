@@ -23,7 +23,8 @@ capacity: the instances of one group share a store (:mod:`.shared`), and
 ``kvtier_keep`` marks blocks kept, no victims while marked, within each
 tenant's ``keep`` budget (:mod:`.kept`); ``stats()`` adds ``kept_bytes`` (the
 tenant's), ``kept_blocks`` and ``keep_refused``.  ``kvtier_expire`` gives
-blocks a deadline of their own, sooner than ``expire`` (:mod:`.store`).
+blocks a deadline of their own, sooner than ``expire`` (:mod:`.store`), and
+``kvtier_deadlines`` says how long each has left.
 
 May import :mod:`kvtier.block` (buffers), :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -49,7 +50,7 @@ from kvtier.policies.tenancy import (
     parse_tenants,
 )
 from kvtier.spec import BytesLike, Capabilities, Option, ScanEntry
-from kvtier.spec.base import Evicted, Expire, GetInto, Keep, PutParts, Scan
+from kvtier.spec.base import Deadlines, Evicted, Expire, GetInto, Keep, PutParts, Scan
 from kvtier.spec.shared import CAPACITY, but, eviction
 
 from . import shared
@@ -152,7 +153,7 @@ def _prefault(nbytes: int) -> None:
     del pieces
 
 
-class HostBackend(PutParts, GetInto, Scan, Keep, Expire):
+class HostBackend(PutParts, GetInto, Scan, Keep, Expire, Deadlines):
     """A RAM tier: blocks in process memory, bounded by ``capacity`` bytes.
 
     The lifecycle, batch checks and repeated keys are :class:`BlockStore`'s;
@@ -259,6 +260,9 @@ class HostBackend(PutParts, GetInto, Scan, Keep, Expire):
 
     def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
         return self._live().expire(self._prefix, keys, after)
+
+    def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        return self._live().deadlines(self._prefix, keys)
 
     def kit_tamper(self, key: bytes, transform: Callable[[bytes], bytes]) -> bool:
         """Raw access for the conformance kit (kvtier.testing.RawAccess); no hook."""

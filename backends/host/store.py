@@ -323,6 +323,22 @@ class HostStore:
                 out.append(True)
         return out
 
+    def deadlines(self, prefix: bytes, keys: Sequence[bytes]) -> list[float | None]:
+        """Seconds left before ``keys``' own deadlines, as ``kvtier_deadlines`` answers:
+        None where not held, with none, or expired (asking sweeps nothing, uses nothing)."""
+        with self.lock:
+            clock = self.clock
+            if clock is None:  # no deadline was ever given here
+                return [None] * len(keys)
+            now = time.monotonic()
+            out: list[float | None] = []
+            for key in keys:
+                full = prefix + key
+                at = clock.deadline_of(full)
+                held = at is not None and full in self.blocks and not clock.expired(full, now)
+                out.append(at - now if held and at is not None else None)
+        return out
+
     # internals: the caller holds the lock ----------------------------------
     def _spare(self, full: bytes, victims: list[bytes], placed: bool) -> tuple[list[bytes], bool]:
         """``victims`` without the kept blocks; the put of ``full`` refused where only

@@ -56,6 +56,10 @@ class ExpiryClock(Generic[K]):
         self._pushed += 1
         heapq.heappush(self._soonest, (at, self._pushed, key))
 
+    def deadline_of(self, key: K) -> float | None:
+        """``key``'s own deadline (:meth:`deadline`), None where it has none; past or not."""
+        return self._deadlines.get(key)
+
     def soonest(self) -> float | None:
         """The earliest deadline of a key still known; None: none."""
         soonest, deadlines = self._soonest, self._deadlines
