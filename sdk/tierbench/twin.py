@@ -24,6 +24,7 @@ from typing import Any
 from kvtier.block.namespace import Namespace
 from kvtier.chain.chain import Chain
 from kvtier.config.chain_config import ChainConfig, MetricsConfig, TierConfig
+from kvtier.plugins.options import with_values
 from kvtier.tierbench.ceilings import Raw, drop_page_cache, warm_page_cache
 
 __all__ = ["LABEL", "PlaintextTwin", "encrypted_entries", "is_encrypted"]
@@ -58,17 +59,20 @@ class PlaintextTwin(Raw):
     label = LABEL
 
     def __init__(self, tier: TierConfig, namespace: Namespace, local_dir: Path | None) -> None:
-        options = dict(tier.options)
+        # the tier's options are checked already, by declared name: kept checked
+        # (with_values), so that the open does not read them again as keys a file
+        # wrote, where a declared name that is also an old key would warn
+        moved: dict[str, Any] = {}
         self.files: Path | None = None
         if tier.backend == "fs" and local_dir is not None:
             self.files = local_dir.parent / f"{local_dir.name}-bench-plaintext"
-            options["url"] = str(self.files)
+            moved["url"] = str(self.files)
         elif tier.backend == "object":
-            options["prefix"] = f"{options.get('prefix') or ''}-bench-plaintext".strip("-")
+            moved["prefix"] = f"{tier.options.get('prefix') or ''}-bench-plaintext".strip("-")
         else:
             raise ValueError(f"no plaintext twin for a {tier.backend} tier here")
-        twin = dataclasses.replace(tier, name=f"{tier.name}-plaintext", options=options,
-                                   encrypt="none")
+        twin = dataclasses.replace(tier, name=f"{tier.name}-plaintext",
+                                   options=with_values(tier.options, **moved), encrypt="none")
         self.chain = Chain(ChainConfig((twin,), MetricsConfig(), tier.where), namespace,
                            job_workers=1)
         self.reports = ("put", "get", "get-uncached") if self.files else ("put", "get")
