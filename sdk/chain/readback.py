@@ -9,10 +9,13 @@ stores into while the tier is unmeasured: once its stores have stopped for
 :data:`QUIET_S` (the tier idle, the engine's request long answered), a
 thread of its own reads back the last blocks stored (:data:`READS`, the
 faster read counts, as a probe's do), through the tier's own read path
-(:meth:`kvtier.chain.tier.Tier.get_payloads`, the probe's: checked as every
-read is; a block gone or damaged since is no sample), and feeds the time to
+(:meth:`kvtier.chain.tier.Tier.get_blobs`: checked as every read is, counted
+as no hit; a block gone or damaged since is no sample), and feeds the time to
 the tier's fit as a ``read-back`` sample, which the chain keeps at close
-beside the recompute model.  What is left due at close is read then.
+beside the recompute model.  What is left due at close is read then.  A
+fault of the tier in a read-back is counted in its ``errors`` and logged,
+but trips none of its breakers: a measurement is no request, and the
+requests' reads go on.
 
 What it measures is what the tier's read path takes right after the write.
 Where a cache the write filled serves that read (a buffered fs write in the
@@ -31,6 +34,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
+
+from kvtier.spec import ClosedError
 
 __all__ = ["INTERVAL_S", "QUIET_S", "READS", "ReadBack"]
 
@@ -72,6 +77,7 @@ class ReadBack:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.counts = [0] * len(tiers)  # blocks read back, per tier
+        self.failures = [0] * len(tiers)  # read-backs a fault of the tier ended, per tier
 
     def after(self, emit: Emit) -> Emit:
         """``emit`` (the chain's events), noting first what each write stored."""
@@ -130,10 +136,15 @@ class ReadBack:
         for key in reversed(keys):
             start = time.perf_counter()
             try:
-                # checked as every read is, but not a hit: a measurement serves no one
-                payload = self._tiers[index].get_blobs([key], counted=False)[0]
-            except Exception as exc:  # a tier's fault: no sample, the chain goes on
-                log.debug("kvtier: read-back of tier %d failed: %r", index, exc)
+                # checked as every read is, but not a hit: a measurement serves no one; its
+                # fault is counted in the tier's errors, and backs the tier off for no one
+                payload = self._tiers[index].get_blobs([key], counted=False, measure=True)[0]
+            except ClosedError:  # the chain closes: nothing to measure
+                return
+            except Exception as exc:  # no sample, the chain goes on
+                self.failures[index] += 1
+                log.warning("kvtier: read-back of tier %d failed (the tier serves on): %r",
+                            index, exc)
                 return
             seconds = time.perf_counter() - start
             if payload is None:  # gone, or damaged (counted by the tier): no sample

@@ -157,12 +157,13 @@ class Tier:
     def readable(self) -> bool:
         return self._reopen is None and self.health.available()
 
-    def _call(self, op: str, fn: Callable[[], T], n: int) -> T | None:
+    def _call(self, op: str, fn: Callable[[], T], n: int, measure: bool = False) -> T | None:
         """Run a backend call; a fault trips a breaker and answers None.
 
         A fault of a put trips the write breaker only: reads of what the
         tier holds go on.  Any other fault trips the read breaker, which
-        stops writes too.
+        stops writes too.  A ``measure`` call's fault (:mod:`.readback`) is
+        counted in ``errors`` and raised to the caller, and trips no breaker.
         """
         if self._closed:
             raise ClosedError(f"tier {self.name!r} is closed")
@@ -185,16 +186,12 @@ class Tier:
             raise
         except Exception as exc:
             self.stats.add(errors=1)
+            if measure:  # a measurement's, not the tier's health: no request waits on it
+                raise
             backoff = breaker.fault(repr(exc))
-            log.warning(
-                "tier %r (%s) failed in %s: %r; skipping its %s for %.1fs",
-                self.name,
-                self.config.backend,
-                op,
-                exc,
-                "writes" if op == "put" else "calls",
-                backoff,
-            )
+            log.warning("tier %r (%s) failed in %s: %r; skipping its %s for %.1fs", self.name,
+                        self.config.backend, op, exc, "writes" if op == "put" else "calls",
+                        backoff)
             return None
         breaker.ok()
         return result
@@ -489,16 +486,17 @@ class Tier:
         *,
         counted: bool = False,
         frames: list[framing.Checked | None] | None = None,
+        measure: bool = False,
     ) -> list[BytesLike | None]:
         """Framed blocks as stored, header checked (for moving between tiers).
 
         ``counted``: count hits, misses and payload bytes served, as the
         other reads do; moving blocks between tiers is not a read.
-        ``frames`` as for :meth:`get_into`.
+        ``frames`` as for :meth:`get_into`; ``measure`` as for :meth:`_call`.
         """
         if not keys:
             return []
-        blobs = self._call("get", lambda: self.handle.get(keys), len(keys))
+        blobs = self._call("get", lambda: self.handle.get(keys), len(keys), measure)
         out: list[BytesLike | None] = [None] * len(keys)
         served = 0
         for i, (key, blob) in enumerate(zip(keys, blobs or ())):
