@@ -25,10 +25,13 @@ next put or get at most :data:`POLL_S` later and enters in its own clock.
 Without the pool (a remote root, ``capacity_scope: process``) the deadline
 is this process's alone: its sweep deletes the file at the deadline, and it
 is lost if the process exits first.  Without ``expire`` the store's methods
-are wrapped at the first deadline.  ``kvtier_deadlines`` answers the earlier
-of this process's deadline and the pool's row, read at the call, so a copy
-of the block (a promotion) takes along a deadline another process set
-before this one's next look.
+are wrapped at the first deadline.  ``kvtier_deadlines`` answers from this
+process's clock, after a look at the pool's rows (at most every
+:data:`POLL_S`, as a put or get looks): a deadline another process set is
+answered, as it is enforced here, at most a second later.  A query of the
+pool's rows at every call would answer it at once, at ~30 us a batch of 16
+keys (several times that with the index busy), on every promotion from the
+tier, nearly always for nothing.
 
 The store's methods are wrapped on the instance, not by a wrapper class:
 the backend and the pool tell a local store by its type.
@@ -53,7 +56,7 @@ from kvtier.spec.base import Expire
 from .layout import Store
 from .pool import SharedPool
 from .pool_capacity import PoolCapacity
-from .pool_deadlines import deadlines_of, set_deadlines, since
+from .pool_deadlines import set_deadlines, since
 from .room import Capacity
 
 __all__ = ["POLL_S", "Deadlines", "Expirer"]
@@ -114,7 +117,7 @@ class Expirer:
         with self._lock:
             return self._clock.expired(key, time.monotonic())
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
         """Enter the deadlines other processes set since the last look (:data:`POLL_S`)."""
         now = time.monotonic()
         if now - self._polled < POLL_S:
@@ -175,7 +178,7 @@ class Expirer:
     # sweeping ---------------------------------------------------------------
     def sweep(self) -> None:
         """Remove the blocks queued and due, through the backend's evict."""
-        self._poll()
+        self.poll()
         if not self.enabled:
             return
         with self._lock:
@@ -262,14 +265,8 @@ class Deadlines(Expire, DeadlinesLeft):
 
     def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
         expirer = self._expirer
-        at = expirer.deadlines_at(keys)  # this process's, on its monotonic clock
-        pool = self._deadline_pool()
-        if pool is not None:  # and every process's, on the wall clock, read now
-            ahead = time.monotonic() - time.time()
-            for j, wall in enumerate(deadlines_of(pool, keys)):
-                if wall is not None:
-                    mine = at[j]
-                    at[j] = wall + ahead if mine is None else min(mine, wall + ahead)
+        expirer.poll()  # the deadlines other processes set (module docstring)
+        at = expirer.deadlines_at(keys)
         asked = [j for j, a in enumerate(at) if a is not None]
         out: list[float | None] = [None] * len(keys)
         if not asked:

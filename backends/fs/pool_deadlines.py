@@ -29,17 +29,13 @@ from .pool_db import IndexReplaced
 if TYPE_CHECKING:  # the pool prepares the table: it imports this module
     from .pool import SharedPool
 
-__all__ = ["SCHEMA", "deadlines_of", "prepare", "set_deadlines", "since"]
+__all__ = ["SCHEMA", "prepare", "set_deadlines", "since"]
 
 SCHEMA = ("CREATE TABLE IF NOT EXISTS deadlines(seq INTEGER PRIMARY KEY AUTOINCREMENT, "
           "ns TEXT NOT NULL, key BLOB NOT NULL, at REAL NOT NULL, UNIQUE (ns, key))")
 #: One statement (its body's ``;`` is its own): the deadline leaves with the block's row.
 _TRIGGER = ("CREATE TRIGGER IF NOT EXISTS deadlines_leave AFTER DELETE ON blocks BEGIN "
             "DELETE FROM deadlines WHERE ns = OLD.ns AND key = OLD.key; END")
-
-
-#: Keys per statement of :func:`deadlines_of`, well below SQLite's bound on parameters.
-_PART = 500
 
 
 def prepare(db: sqlite3.Connection) -> None:
@@ -72,25 +68,6 @@ def _set(pool: SharedPool, keys: Sequence[bytes], at: float) -> list[bool | None
                        "AND at <= ?)", (pool.ns, key, at, pool.ns, key, at))
             out.append(True)
     return out
-
-
-def deadlines_of(pool: SharedPool, keys: Sequence[bytes]) -> list[float | None]:
-    """The deadlines (wall clock) of ``keys`` of the pool's namespace, whichever process
-    set them, None where there is none: by the ``(ns, key)`` index, a read of the keys
-    asked alone (``kvtier_deadlines``)."""
-    def query(db: sqlite3.Connection) -> list[float | None]:
-        found: dict[bytes, float] = {}
-        for start in range(0, len(keys), _PART):
-            part = keys[start : start + _PART]
-            rows = db.execute("SELECT key, at FROM deadlines WHERE ns = ? AND key IN "
-                              f"({','.join('?' * len(part))})", (pool.ns, *part)).fetchall()
-            found.update((bytes(key), float(at)) for key, at in rows)
-        return [found.get(bytes(k)) for k in keys]
-
-    try:
-        return pool.session.read(query)
-    except IndexReplaced:
-        return pool.session.read(query)  # the new index's: it starts without deadlines
 
 
 def since(pool: SharedPool, seq: int) -> tuple[int, list[tuple[bytes, float]]]:
