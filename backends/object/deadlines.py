@@ -1,4 +1,5 @@
-"""Deadlines on the ``object`` tier: ``kvtier_expire``, held by the instance that set them.
+"""Deadlines on the ``object`` tier: ``kvtier_expire`` and ``kvtier_deadlines``, held by
+the instance that set them.
 
 S3 keeps no time but an object's last-modified one, which a deadline cannot
 move: so a deadline lives in the instance that was given it, in an
@@ -12,7 +13,8 @@ process's monotonic clock).  From the first deadline on:
   ``expired`` and forgets it in the index, the presence cache and the kept
   marks), so every other process misses it from then on.
 
-A deadline is lost if the instance closes first: the block then keeps the
+``kvtier_deadlines`` answers this instance's deadlines, for blocks its lookup
+still finds.  A deadline is lost if the instance closes first: the block then keeps the
 tier's ``expire`` alone (docs/tenants.md, "Expiry").  A block stored again
 under the key after its deadline has none: the deadline left with it.
 """
@@ -24,11 +26,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from kvtier.policies.expiry import ExpiryClock
 from kvtier.policies.tenancy import Expiry
-from kvtier.spec import BlockStore
+from kvtier.spec.base import Deadlines as DeadlinesLeft
 from kvtier.spec.hookspecs import hookimpl
 
 __all__ = ["Deadlines"]
@@ -39,13 +41,13 @@ log = logging.getLogger("kvtier.backends.object")
 _WAKE_S = 1.0
 
 
-class Deadlines(BlockStore):
-    """Mixin of :class:`~kvtier.backends.object.ObjectBackend`: ``kvtier_expire`` (module
-    docstring).  Not :class:`~kvtier.spec.base.Expire`: the backend's ``_expire`` is its
-    deletion of expired objects."""
+class Deadlines(DeadlinesLeft):
+    """Mixin of :class:`~kvtier.backends.object.ObjectBackend`: ``kvtier_expire`` and
+    ``kvtier_deadlines`` (module docstring).  Not :class:`~kvtier.spec.base.Expire`: the
+    backend's ``_expire`` is its deletion of expired objects."""
 
     _store: Any
-    _deadlines: _Clock | None = None
+    _deadline_times: _Clock | None = None
 
     def _expire(self, store: Any, keys: list[bytes]) -> None:
         raise NotImplementedError
@@ -66,9 +68,9 @@ class Deadlines(BlockStore):
         return [True if found else None for found in held]
 
     def _deadline_clock(self) -> _Clock:
-        clock = self._deadlines
+        clock = self._deadline_times
         if clock is None:
-            clock = self._deadlines = _Clock()
+            clock = self._deadline_times = _Clock()
             # the reads, on this instance: a block past its deadline is a miss
             for name, miss in (("_get", None), ("_get_into", None), ("_lookup", False)):
                 setattr(self, name, clock.filter(getattr(self, name), miss))
@@ -76,6 +78,25 @@ class Deadlines(BlockStore):
             threading.Thread(target=clock.run, args=(ref,), daemon=True,
                              name="kvtier-object-deadlines").start()
         return clock
+
+
+    def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        out: list[float | None] = [None] * len(keys)
+        clock = self._deadline_times
+        if clock is None:  # no deadline was ever given to this instance
+            return out
+        with clock.lock:
+            at = [None if k in clock.deleting else clock.times.deadline_of(k) for k in keys]
+        now = time.monotonic()
+        asked = [j for j, a in enumerate(at) if a is not None and a > now]
+        if asked:  # a lookup for the keys with a deadline alone: it may ask the bucket
+            held = self._lookup([keys[j] for j in asked])  # a block past it: False
+            now = time.monotonic()
+            for j, found in zip(asked, held, strict=True):
+                left = cast(float, at[j]) - now
+                if found and left > 0:
+                    out[j] = left
+        return out
 
 
 class _Clock:
