@@ -34,6 +34,10 @@ Tenants.  SGLang's storage calls carry no request (its controllers fill only
 config's ``tenant`` (default ``default``), part of the namespace.  Engines of
 different tenants on one pool never read each other's pages; per-request
 tenancy is not available under SGLang (docs/tenants.md).
+
+Keep.  The extra config's ``keep_prefixes`` names prefixes (token ids) whose
+pages the engine's tenant keeps, within its ``keep`` budget, as they are
+stored or loaded (:mod:`.keep`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from kvtier.config import ChainConfig, load_config
 from kvtier.spec import ConfigError, KvtierError, PluginError
 
 from .args import storage_chain
+from .keep import PageKeeper, parse_keep_prefixes
 from .keys import MAX_REGIONS, PAGE, namespace_for, pool_key, storage_key
 from .pools import PoolPages, usable_prefix
 
@@ -113,6 +118,11 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         self.chain_config = _chain_config(extra)
         self.tenant = _tenant_of(extra)
         self.interface = "v1" if bool(extra.get("interface_v1", 0)) else "v0"
+        try:  # named prefixes to keep (keep.py): checked, and their files read, now
+            self.keep_prefixes = parse_keep_prefixes(extra.get("keep_prefixes", []))
+        except ValueError as exc:
+            raise ConfigError(f"kvtier: extra config 'keep_prefixes': {exc}") from exc
+        self._keeper: PageKeeper | None = None
         self.chain: kvtier.Chain | None = None
         self.mem_pool_host: Any = None
         self.faults = 0
@@ -140,6 +150,9 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         self.mem_pool_host = mem_pool_host
         self._host, self._regions = host, regions
         self.chain = kvtier.open_chain(self.chain_config, namespace)
+        if self.keep_prefixes:  # hashed now: the pool names the page size
+            self._keeper = PageKeeper(self.keep_prefixes, self.tenant,
+                                      namespace.tokens_per_block)
         log.info(
             "kvtier: HiCache storage on %s, namespace %s (%s, %s, %s, tenant %s), interface %s",
             " -> ".join(t.name for t in self.chain.tiers), namespace.hex, namespace.model,
@@ -208,6 +221,18 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         else:
             log.debug("kvtier: %s failed: %r", op, exc)
 
+    def _keep(self, chain: kvtier.Chain, keys: Sequence[str], done: Sequence[bool],
+              load: bool) -> None:
+        """Keep the named prefixes' pages among ``keys`` stored (or loaded: ``load``)."""
+        if not self._keeper:
+            return
+        ours = self._keeper.matching([k for k, ok in zip(keys, done) if ok], load)
+        if ours:
+            try:  # within the tenant's keep budget; a refusal is counted by the tier
+                chain.keep(self._page_keys(ours))
+            except Exception as exc:
+                self._fault("keep", exc)
+
     def _page_keys(self, keys: Sequence[str]) -> list[bytes]:
         """Every stored key of ``keys``' pages, page after page."""
         if self.interface == "v0":
@@ -231,9 +256,12 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
             stored = [storage_key(k, PAGE) for k in keys]
             given = [t for t in targets if t is not None]
             if len(given) < len(targets):
-                return [self._get_new(chain, key, t) for key, t in zip(stored, targets)]
-            found = chain.get(stored, [_byte_view(t) for t in given])
-            return [t if hit else None for t, hit in zip(given, found)]
+                pages = [self._get_new(chain, key, t) for key, t in zip(stored, targets)]
+            else:
+                found = chain.get(stored, [_byte_view(t) for t in given])
+                pages = [t if hit else None for t, hit in zip(given, found)]
+            self._keep(chain, keys, [p is not None for p in pages], load=True)
+            return pages
         except Exception as exc:
             self._fault("batch_get", exc)
             return [None] * len(keys)
@@ -270,7 +298,9 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             chain = self._open_chain()
             views = [_byte_view(v.contiguous()) for v in values]
-            return all(chain.put([storage_key(k, PAGE) for k in keys], views))
+            stored = chain.put([storage_key(k, PAGE) for k in keys], views)
+            self._keep(chain, keys, stored, load=False)
+            return all(stored)
         except Exception as exc:
             self._fault("batch_set", exc)
             return False
@@ -325,11 +355,13 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
             return []
         try:
             regions = self._regions_of(keys, host_indices)
-            found = self._open_chain().get(self._page_keys(keys), regions)
+            chain = self._open_chain()
+            found = self._per_page(chain.get(self._page_keys(keys), regions), len(keys))
         except Exception as exc:
             self._fault("batch_get_v1", exc)
             return [False] * len(keys)
-        return self._per_page(found, len(keys))
+        self._keep(chain, keys, found, load=True)
+        return found
 
     def batch_set_v1(
         self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None
@@ -339,11 +371,13 @@ class KvtierStorage(HiCacheStorage):  # type: ignore[misc]
             return []
         try:
             regions = self._regions_of(keys, host_indices)
-            stored = self._open_chain().put(self._page_keys(keys), regions)
+            chain = self._open_chain()
+            stored = self._per_page(chain.put(self._page_keys(keys), regions), len(keys))
         except Exception as exc:
             self._fault("batch_set_v1", exc)
             return [False] * len(keys)
-        return self._per_page(stored, len(keys))
+        self._keep(chain, keys, stored, load=False)
+        return stored
 
     # v2: hybrid models' extra host pools (Mamba, sliding window, ...) ------------------
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
