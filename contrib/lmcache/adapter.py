@@ -70,6 +70,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 import kvtier
 from kvtier.spec import KvtierError
 
+from .keep import PrefixKeeper
 from .settings import AdapterSettings
 from .signals import Counters, EventFd
 from .tenancy import LMCacheTenancy
@@ -96,7 +97,7 @@ class KvtierL2AdapterConfig(L2AdapterConfigBase):
     chain's YAML), ``namespace`` (a model name or a :class:`kvtier.Namespace`
     mapping, default ``"lmcache"``), ``lock_copies`` (``ram`` or ``all``),
     ``max_locked_bytes`` (default ``1GiB``), ``job_workers`` (default 4), and
-    ``tenants`` and ``shared_tenants`` (:mod:`.tenancy`).
+    ``tenants`` and ``shared_tenants`` (:mod:`.tenancy`), ``keep_prefixes`` (:mod:`.keep`).
     A bad value, or a chain YAML that does not validate, stops LMCache at
     start-up with the message.
     """
@@ -118,6 +119,7 @@ class KvtierL2AdapterConfig(L2AdapterConfigBase):
             "- max_locked_bytes (size): bound on those copies (default '1GiB')\n"
             "- job_workers (int): chain job threads (default 4)\n"
             "- tenants ('salt' | {salt: tenant}), shared_tenants (list): docs/tenants.md\n"
+            "- keep_prefixes (list), chunk_size, hash_algorithm: prefixes kept, same doc\n"
             "`kvtier lmcache-args tiers.yaml` prints the whole --l2-adapter flag."
         )
 
@@ -154,6 +156,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         self.settings = config.settings
         self._tenancy = LMCacheTenancy(self.settings)  # a chain per tenant (tenancy.py)
         self.chain, self._io = self._tenancy.chain, self._tenancy.io
+        self._keeper = PrefixKeeper(self.settings, self._tenancy)  # keep_prefixes (keep.py)
         copy_all = self.settings.lock_copies == "all"
         self._copy_tier = [copy_all or not t.capabilities.persistent for t in self.chain.tiers]
         self._efds = {op: EventFd() for op in ("store", "lookup", "load")}
@@ -212,6 +215,7 @@ class KvtierL2Adapter(L2AdapterInterface):
                     new = self._hold(kv, sizes, stored)
                 if new:  # stored again: LMCache already counts it, as its own adapters do
                     self._notify_keys_stored([keys[i] for i in new], [sizes[i] for i in new])
+            self._keeper.done([keys[i] for i in stored], load=False)  # asked, not waited for
             self._efds["store"].signal()
 
         if len(keys) != len(objects):
@@ -431,6 +435,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         found = [k for k, hit in zip(keys, hits) if hit]
         if found:
             self._notify_keys_accessed(found)
+        self._keeper.done(found, load=True)
         self._efds["load"].signal()
 
     def query_load_result(self, task_id: int) -> Bitmap | None:
@@ -526,6 +531,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
+        self._keeper.close()
         self._tenancy.close()
         for efd in self._efds.values():
             efd.close()

@@ -17,6 +17,8 @@ from kvtier.config import ChainConfig, load_config
 from kvtier.config.units import parse_size
 from kvtier.spec import KvtierError
 
+from .prefixes import KeepPrefix, parse_keep_prefixes
+
 __all__ = ["LOCK_COPIES", "AdapterSettings"]
 
 #: ``ram``: a lock copies blocks held by non-persistent tiers (RAM, Redis)
@@ -24,7 +26,7 @@ __all__ = ["LOCK_COPIES", "AdapterSettings"]
 LOCK_COPIES = ("ram", "all")
 
 _KNOWN = ("kvtier_config", "namespace", "lock_copies", "max_locked_bytes", "job_workers",
-          "tenants", "shared_tenants")
+          "tenants", "shared_tenants", "keep_prefixes", "chunk_size", "hash_algorithm")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,11 @@ class AdapterSettings:
     #: None: no tenants (one namespace); "salt": a tenant per cache_salt; or salt -> tenant
     tenants: str | Mapping[str, str] | None = None
     shared_tenants: frozenset[str] = frozenset()
+    #: named prefixes to keep (.keep), hashed as the server hashes tokens: its
+    #: --chunk-size and --hash-algorithm (LMCache 0.5.6's defaults here)
+    keep_prefixes: tuple[KeepPrefix, ...] = ()
+    chunk_size: int = 256
+    hash_algorithm: str = "blake3"
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> AdapterSettings:
@@ -82,8 +89,20 @@ class AdapterSettings:
             raise ValueError("adapter_params.shared_tenants must be a list of tenant names")
         if shared and tenants is None:
             raise ValueError("adapter_params.shared_tenants needs adapter_params.tenants")
+        try:
+            prefixes = parse_keep_prefixes(params.get("keep_prefixes", []))
+        except ValueError as exc:
+            raise ValueError(f"adapter_params.keep_prefixes: {exc}") from exc
+        chunk_size = params.get("chunk_size", 256)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError("adapter_params.chunk_size must be a positive integer (the "
+                             "server's --chunk-size)")
+        algorithm = params.get("hash_algorithm", "blake3")
+        if not isinstance(algorithm, str) or not algorithm:
+            raise ValueError("adapter_params.hash_algorithm must be the server's "
+                             "--hash-algorithm (builtin, sha256_cbor, blake3)")
         return cls(path, chain, namespace, lock_copies, max_locked, workers,
-                   tenants, frozenset(shared))
+                   tenants, frozenset(shared), prefixes, chunk_size, algorithm)
 
 
 def _is_tenant(name: Any) -> bool:

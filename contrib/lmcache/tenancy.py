@@ -31,7 +31,7 @@ read leaves the tenant's namespace.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtier import Namespace
@@ -85,6 +85,24 @@ class LMCacheTenancy:
         else:
             return None
         return _DEFAULT if tenant in self._shared else tenant
+
+    def tenant_of(self, salt: str) -> str:
+        """The tenant whose chain holds the keys of ``salt``."""
+        return self.tenant(salt) or self.own
+
+    def resolve(self, tenant: str) -> str:
+        """The tenant whose namespace ``tenant``'s blocks are in (a shared one's: the
+        default tenant's)."""
+        return _DEFAULT if tenant in self._shared else tenant
+
+    def keep(self, keys: Sequence[ObjectKeyLike]) -> int:
+        """Mark LMCache's ``keys`` kept in their tenants' chains: how many were kept."""
+        by_tenant: dict[str, list[bytes]] = {}
+        for key in keys:
+            tenant = self.tenant(key.cache_salt)
+            raw = kvtier_key(key) if tenant is None else kvtier_key(key, salt="")
+            by_tenant.setdefault(tenant or self.own, []).append(raw)
+        return sum(sum(self.chain_of(t).keep(raw)) for t, raw in by_tenant.items())
 
     def key(self, key: ObjectKeyLike) -> bytes:
         """What the adapter's chain (or router) takes for LMCache's ``key``."""
