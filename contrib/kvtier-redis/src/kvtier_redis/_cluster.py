@@ -48,17 +48,7 @@ from redis.retry import Retry
 
 from kvtier.spec import BackendError, BytesLike, ConfigError, Failed
 
-from ._space import (
-    EVICT,
-    SCRIPTS,
-    STATS,
-    TOUCH,
-    Space,
-    add_stats,
-    check_rules,
-    keep_answers,
-    stats_of,
-)
+from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, add_stats, check_rules, stats_of
 
 #: What a shard answers when its commands did not get through.
 ShardFailure = Failed[BaseException]
@@ -84,7 +74,8 @@ _POOL_DATA_NAME = re.compile(rb"pool:[0-9]+\}:([0-9a-f]{32}):b:(.+)", re.DOTALL)
 _SCAN_COUNT = 1000
 
 Command = tuple[Any, ...]
-#: What a per-shard script answers for one key: removed, kept, set (None: not held).
+#: What a per-shard script answers for one key: removed, kept, set (None: not held),
+#: seconds left.
 _Flag = TypeVar("_Flag")
 
 
@@ -284,27 +275,18 @@ class ClusterStore:
         return present
 
     def evict(self, keys: Sequence[bytes]) -> list[bool]:
-        return self._flags_per_shard(
+        return self.per_key(
             keys, lambda shard, part: shard.members(EVICT, part), _removed_flags, False)
 
-    def keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
-        """Marks per shard, each within its part of the budget; a shard that failed
-        answers False for its keys (not kept)."""
-        return self._flags_per_shard(
-            keys, lambda shard, part: shard.keep(part, keep), keep_answers, False)
-
-    def expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
-        """Deadlines per shard; a shard that failed answers False for its keys (not set)."""
-        return self._flags_per_shard(
-            keys, lambda shard, part: shard.deadline(part, after), keep_answers, False)
-
-    def _flags_per_shard(
+    def per_key(
         self, keys: Sequence[bytes], command: Callable[[Space, list[bytes]], Command],
         read: Callable[[Any, int], Sequence[_Flag] | None], miss: _Flag,
     ) -> list[_Flag]:
-        """One flag per key from a script run on each shard over its keys, in parts of
-        at most _MAX_KEYS_PER_SCRIPT, each part's answer read by ``read`` (None for a
-        reply of another shape); a key of a failed shard or such a reply gets ``miss``."""
+        """One answer per key from a script run on each shard over its keys (evict; keep,
+        expire and deadlines, whose marks and deadlines each shard holds for its own
+        blocks), in parts of at most _MAX_KEYS_PER_SCRIPT, each part's answer read by
+        ``read`` (None for a reply of another shape); a key of a failed shard or such a
+        reply gets ``miss``."""
         by_shard = self._by_shard(keys)
         commands: dict[int, list[Command]] = {}
         parts: dict[int, list[list[int]]] = {}

@@ -7,7 +7,7 @@ effects or none.  A **key space** is one namespace (``<prefix>:<namespace>:``,
 one tenant's blocks), or, where the tier has ``tenants`` rules, the **pool**
 of every namespace under the prefix (``<prefix>:pool:``), whose capacity the
 tenants share (a shard of either on a cluster).  Every script takes the space's
-five bookkeeping keys:
+six bookkeeping keys:
 
 ``KEYS[1]``  a hash of member -> its size in bytes as accounted, and in a pool
              ``<size>:<tenant>``
@@ -22,6 +22,8 @@ five bookkeeping keys:
              (``after``), where ``unused`` may push its expiry back
 ``KEYS[5]``  a hash of member -> its recency tick, for the blocks kept
              (``kvtier_keep``), which are out of the recency index meanwhile
+``KEYS[6]``  a hash of member -> its deadline (ms), for the blocks given one
+             (``kvtier_expire``): a TTL alone cannot tell a deadline from ``after``
 
 and a common head of arguments (:data:`HEAD`), then its own.  A **member**
 names a block in its space: the user key in a namespace's space,
@@ -52,7 +54,8 @@ but kept blocks left, the next tenant most beyond its share gives the room,
 as :mod:`kvtier.backends.fs.pool_tenants` does.  Every removal of a block's
 bookkeeping (:func:`forget`: an explicit evict, an expiry, a block found
 gone) drops its mark with it, so expiry wins over keep and a block stored
-again is unmarked.
+again is unmarked.  A block's deadline (:data:`DEADLINE`) is dropped there too,
+so a block stored again has none.
 
 **The victim of a full pool** is chosen by :func:`victim` below, which applies
 the rule of :meth:`kvtier.policies.tenancy.TenantRules.victim` (and its
@@ -68,7 +71,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["EVICT", "HEAD", "KEEP", "PUT", "STATS", "TOUCH", "sha1"]
+__all__ = ["DEADLINE", "EVICT", "HEAD", "KEEP", "LEFT", "PUT", "STATS", "TOUCH", "sha1"]
 
 #: The arguments every script takes first, in order.
 HEAD = ("data head", "lru head", "pooled (1 or 0)", "tenant", "own member prefix",
@@ -77,6 +80,7 @@ HEAD = ("data head", "lru head", "pooled (1 or 0)", "tenant", "own member prefix
 
 _PRELUDE = r"""
 local sizes, meta, expiry, limits, kept = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local deadlines = KEYS[6]
 local dhead, lruhead, pooled, writer, own = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5]
 local capacity = tonumber(ARGV[6])
 local rules = nil
@@ -117,6 +121,7 @@ local function forget(member, counter, indexed)
     redis.call('HINCRBY', meta, 'kept', -size)
     redis.call('HINCRBY', meta, 'k:' .. tenant, -size)
   end
+  redis.call('HDEL', deadlines, member)  -- a block stored again has none
   used = redis.call('HINCRBY', meta, 'used', -size)
   held[tenant] = redis.call('HINCRBY', meta, 'b:' .. tenant, -size)
   if counter then redis.call('HINCRBY', meta, counter .. tenant, 1) end
@@ -426,8 +431,9 @@ return answers
 #: never put off (a later deadline, or the tier's own ``after``, leaves the earlier),
 #: and entered in ``KEYS[3]`` so the sweep counts it off once Redis expires it; with
 #: ``unused``, ``KEYS[4]`` holds the deadline as the latest a use may push its expiry
-#: to.  Answers per member 1 (set) or -1 (not stored: a member whose block is gone is
-#: forgotten first).
+#: to.  The earlier of the block's deadlines is recorded in ``KEYS[6]`` (for :data:`LEFT`),
+#: where the space accounts the block (:func:`forget` drops it).  Answers per member
+#: 1 (set) or -1 (not stored: a member whose block is gone is forgotten first).
 DEADLINE = _PRELUDE + r"""
 local deadline = now + tonumber(ARGV[10])
 local answers = {}
@@ -447,8 +453,34 @@ for i = 11, #ARGV do
     if unused > 0 and (latest == 0 or latest > deadline) then
       redis.call('HSET', limits, member, deadline)
     end
+    local known = tonumber(redis.call('HGET', deadlines, member) or '0')
+    if (known == 0 or known > deadline) and entry(member, true) then
+      redis.call('HSET', deadlines, member, deadline)
+    end
   end
   answers[i - 10] = answer
+end
+return answers
+"""
+
+#: The deadlines left (``kvtier_deadlines``), in the server's time, so no client's
+#: clock need agree with it.  ARGV after :data:`HEAD`: members.  Answers per member
+#: the milliseconds left before its deadline, above 0, or -1 (not stored, no deadline,
+#: or past it).  Only deadlines count: a TTL from the tier's own ``expire`` is not one.
+LEFT = _PRELUDE + r"""
+local answers = {}
+for i = 10, #ARGV do
+  local member = ARGV[i]
+  local at = tonumber(redis.call('HGET', deadlines, member) or '0')
+  local answer = -1
+  if at > now then
+    -- a deadline holds the TTL to it: a block without a TTL (an operator's PERSIST),
+    -- or with a later one, no longer expires by it (a second's slack: PTTL counts
+    -- from the script's start, `now` from its TIME call)
+    local ttl = redis.call('PTTL', dhead .. member)
+    if ttl >= 0 and now + ttl <= at + 1000 then answer = at - now end
+  end
+  answers[i - 9] = answer
 end
 return answers
 """
@@ -458,7 +490,7 @@ STATS = _PRELUDE + r"""
 return {redis.call('HGETALL', meta), redis.call('HLEN', sizes), redis.call('HLEN', kept)}
 """
 
-ALL = (PUT, EVICT, TOUCH, STATS, KEEP, DEADLINE)
+ALL = (PUT, EVICT, TOUCH, STATS, KEEP, DEADLINE, LEFT)
 
 
 def sha1(script: str) -> str:

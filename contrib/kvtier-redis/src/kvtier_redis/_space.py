@@ -20,11 +20,11 @@ from kvtier.spec import ConfigError
 from . import _scripts
 from ._settings import Settings
 
-__all__ = ["DEADLINE", "EVICT", "KEEP", "PUT", "SCRIPTS", "STATS", "TOUCH", "Space",
-           "add_stats", "check_rules", "keep_answers", "stats_of"]
+__all__ = ["DEADLINE", "EVICT", "KEEP", "LEFT", "PUT", "SCRIPTS", "STATS", "TOUCH", "Space",
+           "add_stats", "check_rules", "keep_answers", "left_answers", "stats_of"]
 
 SCRIPTS = {_scripts.sha1(text): text for text in _scripts.ALL}
-PUT, EVICT, TOUCH, STATS, KEEP, DEADLINE = (_scripts.sha1(text) for text in _scripts.ALL)
+PUT, EVICT, TOUCH, STATS, KEEP, DEADLINE, LEFT = (_scripts.sha1(text) for text in _scripts.ALL)
 
 Command = tuple[Any, ...]
 
@@ -41,7 +41,7 @@ def _ms(seconds: float | None) -> int:
 class Space:
     """One key space's keys, and the head of arguments every script call takes."""
 
-    keys: tuple[bytes, bytes, bytes, bytes, bytes]  # sizes, meta, expiry, limits, kept
+    keys: tuple[bytes, ...]  # sizes, meta, expiry, limits, kept, deadlines
     lru_head: bytes
     data_head: bytes
     own: bytes  # the member prefix of this namespace's blocks
@@ -64,7 +64,8 @@ class Space:
         expire = settings.expire
         head = (data_head, lru_head, b"1" if pooled else b"0", settings.tenant, own, capacity,
                 rules, _ms(expire.after), _ms(expire.unused))
-        keys = (base + b"size", base + b"meta", base + b"exp", base + b"limit", base + b"kept")
+        keys = (base + b"size", base + b"meta", base + b"exp", base + b"limit", base + b"kept",
+                base + b"deadline")
         return cls(keys, lru_head, data_head, own, head)
 
     def member(self, key: bytes) -> bytes:
@@ -95,6 +96,10 @@ class Space:
         return self.call(DEADLINE, [max(1, round(after * 1000)),
                                     *(self.own + key for key in keys)])
 
+    def deadlines(self, keys: Sequence[bytes]) -> Command:
+        """The deadlines left of ``keys`` (the ``LEFT`` script; :func:`left_answers`)."""
+        return self.members(LEFT, keys)
+
     def refused(self, tenant: str, count: int) -> Command:
         """Count ``count`` blocks refused before any script saw them (over the size limit)."""
         return ("HINCRBY", self.keys[1], f"r:{tenant}", count)
@@ -121,6 +126,15 @@ def keep_answers(answer: Any, count: int) -> list[bool | None] | None:
     if not isinstance(answer, list) or len(answer) != count:
         return None
     return [None if flag == -1 else flag == 1 for flag in answer]
+
+
+def left_answers(answer: Any, count: int) -> list[float | None] | None:
+    """What ``kvtier_deadlines`` answers for ``count`` members from the ``LEFT`` script's
+    milliseconds left (above 0) or -1 each; None for a reply of another shape."""
+    if not isinstance(answer, list) or len(answer) != count or any(
+            type(ms) is not int or not (ms > 0 or ms == -1) for ms in answer):
+        return None
+    return [None if ms == -1 else ms / 1000 for ms in answer]
 
 
 def stats_of(answer: Any, tenant: str) -> dict[str, int]:

@@ -15,17 +15,20 @@ conformance kit checks.
 
 Round trips: a ``put`` is one pipeline of ``EVALSHA`` calls (one per
 ``batch_bytes`` of blocks), a ``get`` one pipeline of ``MGET`` and the
-recency update, a ``lookup`` one pipeline of ``EXISTS``, an ``evict`` or a
-``keep`` one script.  Large blocks go to the socket from the caller's buffers, uncopied
-(redis-py sends big arguments as they are).  ``kvtier_put_parts`` and
-``kvtier_get_into`` are left out: a Redis argument is one buffer and redis-py
-materialises each reply as ``bytes``, so neither would save a copy.
+recency update, a ``lookup`` one pipeline of ``EXISTS``, an ``evict``, a
+``keep``, an ``expire`` or a ``deadlines`` one script.  Large blocks go to
+the socket from the caller's buffers, uncopied (redis-py sends big arguments as
+they are).  ``kvtier_put_parts`` and ``kvtier_get_into`` are left out: a Redis
+argument is one buffer and redis-py materialises each reply as ``bytes``, so
+neither would save a copy.
 
 ``kvtier_keep`` marks blocks kept on the server, in the key space's ``kept``
 hash, within the tenant's ``keep`` budget counted there too, so every process
 sharing the space spares them (:data:`kvtier_redis._scripts.KEEP`).
 ``kvtier_expire`` brings a block's TTL forward to its deadline, on the server
-(:data:`kvtier_redis._scripts.DEADLINE`), so it holds for every process.
+(:data:`kvtier_redis._scripts.DEADLINE`), so it holds for every process, and
+records the deadline there, which ``kvtier_deadlines`` reads back in the
+server's time, one script a batch (:data:`kvtier_redis._scripts.LEFT`).
 
 With ``cluster: true`` the hooks go to :class:`kvtier_redis._cluster.ClusterStore`
 instead: the namespace split into hash-tagged shards on a Redis Cluster.
@@ -38,7 +41,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -54,10 +57,20 @@ from kvtier.spec import (
     ConfigError,
     ScanEntry,
 )
-from kvtier.spec.base import Evicted, Expire, Keep, Scan
+from kvtier.spec.base import Deadlines, Evicted, Expire, Keep, Scan
 
 from ._settings import OPTIONS, REDIS_MAX_STRING, Settings, redact
-from ._space import EVICT, SCRIPTS, STATS, TOUCH, Space, check_rules, keep_answers, stats_of
+from ._space import (
+    EVICT,
+    SCRIPTS,
+    STATS,
+    TOUCH,
+    Space,
+    check_rules,
+    keep_answers,
+    left_answers,
+    stats_of,
+)
 
 if TYPE_CHECKING:
     from ._cluster import ClusterStore
@@ -69,6 +82,8 @@ _MAX_KEYS_PER_SCRIPT = 1024
 #: Keys a SCAN call asks Redis to look at (a hint: it may answer more or fewer).
 _SCAN_COUNT = 1000
 _NAMESPACE_RE = re.compile(rb"^[0-9a-f]{32}$")
+#: What a per-key script answers for one key: kept, set (None: not held), seconds left.
+_Answer = TypeVar("_Answer")
 
 
 
@@ -94,7 +109,7 @@ def _as_buffer(block: BytesLike) -> bytes | bytearray | memoryview:
     return buffer
 
 
-class RedisBackend(Scan, Keep, Expire):
+class RedisBackend(Scan, Keep, Expire, Deadlines):
     """A Redis tier; see the module docstring and contrib/kvtier-redis/README.md.
 
     The lifecycle, batch checks and repeated keys are kvtier's ``BlockStore``.
@@ -238,33 +253,38 @@ class RedisBackend(Scan, Keep, Expire):
         return [bool(flag) for flags in self._run(conn, commands) for flag in flags]
 
     def _keep(self, keys: Sequence[bytes], keep: bool) -> list[bool | None]:
-        conn = self._live()
-        if not isinstance(conn, _Conn):
-            return conn.keep(keys, keep)
-        parts = list(_ranges(len(keys), _MAX_KEYS_PER_SCRIPT))
-        answers = self._run(conn, [conn.space.keep(keys[start:end], keep)
-                                   for start, end in parts])
-        out: list[bool | None] = []
-        for (start, end), answer in zip(parts, answers):
-            flags = keep_answers(answer, end - start)
-            if flags is None:
-                raise BackendError(f"redis at {conn.where}: the keep script answered "
-                                   f"{answer!r} for {end - start} blocks")
-            out += flags
-        return out
+        # on a cluster, a shard that failed answers False for its keys (not kept)
+        return self._per_key("keep", keys, lambda space, part: space.keep(part, keep),
+                             keep_answers, False)
 
     def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
+        # on a cluster, a shard that failed answers False for its keys (not set)
+        return self._per_key("deadline", keys, lambda space, part: space.deadline(part, after),
+                             keep_answers, False)
+
+    def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        # on a cluster, a shard that failed answers None for its keys (none known)
+        return self._per_key("deadlines", keys, Space.deadlines, left_answers, None)
+
+    def _per_key(self, script: str, keys: Sequence[bytes],
+                 command: Callable[[Space, list[bytes]], tuple[Any, ...]],
+                 read: Callable[[Any, int], Sequence[_Answer] | None],
+                 miss: _Answer) -> list[_Answer]:
+        """One answer per key from a script (``command``) over ``keys`` in parts of at most
+        _MAX_KEYS_PER_SCRIPT, each part's reply read by ``read`` (None: a reply of another
+        shape, a BackendError).  On a cluster, per shard, where ``miss`` answers for the
+        keys of a shard that failed (:meth:`ClusterStore.per_key`)."""
         conn = self._live()
         if not isinstance(conn, _Conn):
-            return conn.expire(keys, after)
+            return conn.per_key(keys, command, read, miss)
         parts = list(_ranges(len(keys), _MAX_KEYS_PER_SCRIPT))
-        answers = self._run(conn, [conn.space.deadline(keys[start:end], after)
+        answers = self._run(conn, [command(conn.space, list(keys[start:end]))
                                    for start, end in parts])
-        out: list[bool | None] = []
+        out: list[_Answer] = []
         for (start, end), answer in zip(parts, answers):
-            flags = keep_answers(answer, end - start)
+            flags = read(answer, end - start)
             if flags is None:
-                raise BackendError(f"redis at {conn.where}: the deadline script answered "
+                raise BackendError(f"redis at {conn.where}: the {script} script answered "
                                    f"{answer!r} for {end - start} blocks")
             out += flags
         return out
