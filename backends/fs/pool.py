@@ -60,7 +60,7 @@ from .pool_db import IndexReplaced, IndexSession, wal_limit
 from .pool_dead import ROW as _ROW
 from .pool_deadlines import prepare as prepare_deadlines
 from .pool_evictor import Evictor, Pick
-from .pool_files import ALLOWANCE, own_files_bytes
+from .pool_files import ALLOWANCE, own_files
 from .pool_keep import KeptRows
 from .pool_options import DB_NAME, POOL_OPTIONS, parse_min_free
 from .pool_policy import PoolPolicy, Row, prepare
@@ -120,7 +120,7 @@ class SharedPool:
         # the connection (.pool_db): the schema and the one policy of the root (_setup) on
         # every index it uses, this process counted again in a rebuilt one (_rejoin)
         self.wal_charge = wal_limit(capacity)  # the log, counted at its bound
-        self.files_bytes = 0  # the pool's own files, at the last measure (.pool_files)
+        self.own_files = own_files(root)  # the pool's own files, the root's here (.pool_files)
         self.session = IndexSession(root, self._setup, self._rejoin, self.wal_charge)
         # one evictor at a time, under the lease (.pool_evictor)
         self.evictor = Evictor(self.session, root, self.me, self.scope, lease_s, self._add,
@@ -367,9 +367,8 @@ class SharedPool:
                 self.journal.append(granted)
 
     def measure_files(self) -> int:
-        """The bytes of the pool's own files now (:mod:`.pool_files`), kept for stats."""
-        self.files_bytes = own_files_bytes(self.root, self.session.wal, self.wal_charge)
-        return self.files_bytes
+        """The bytes of the pool's own files, listed at most a second ago (:mod:`.pool_files`)."""
+        return self.own_files.measure(self.session.wal, self.wal_charge)
 
     def _room(self, db: sqlite3.Connection,
               own: int) -> tuple[int | None, int | None, int]:
