@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from kvtier.policies import Policy
+from kvtier.policies.sparing import spare_kept
 
 __all__ = ["KeptMarks", "spare"]
 
@@ -71,32 +72,21 @@ class KeptMarks:
 def spare(policy: Policy, marks: KeptMarks, victims: list[bytes],
           new: Callable[[], object]) -> tuple[list[bytes], bool]:
     """``victims`` less the kept ones, which go back into ``policy``; the room they gave
-    is taken again from blocks not kept (``policy.shed``).
+    is taken again from blocks not kept (``policy.shed``; the loop is
+    :func:`~kvtier.policies.sparing.spare_kept`).
 
     Where every block the policy offers is kept, the block being put is taken out again
     (``new()``) and the answer says so: ``(victims, False)``.  Before the put, kept
     blocks fitted the policy's bounds, so they fit again then.  The block being put
     may be among the victims (a FIFO's newest): the caller refuses it then.
     """
-    if not marks.sizes or not victims:
-        return victims, True
-    gone: list[bytes] = []
-    kept_in_a_row = 0  # victims offered in a row that were all kept
-    while victims:
-        back = [v for v in victims if v in marks.sizes]
-        gone += [v for v in victims if v not in marks.sizes]
-        if not back:
-            break
-        for victim in back:
-            policy.enter(victim, marks.sizes[victim])
-        marks.spared += len(back)
-        kept_in_a_row = kept_in_a_row + len(back) if len(back) == len(victims) else len(back)
-        if kept_in_a_row > len(marks.sizes):  # every kept block offered: no other is left
-            new()
-            gone += _spared_shed(policy, marks)
-            return gone, False
-        victims = policy.shed()
-    return gone, True
+    gone, spared, placed = spare_kept(victims, marks.sizes,
+                                      lambda v: policy.enter(v, marks.sizes[v]), policy.shed)
+    marks.spared += spared
+    if not placed:
+        new()
+        gone += _spared_shed(policy, marks)
+    return gone, placed
 
 
 def _spared_shed(policy: Policy, marks: KeptMarks) -> list[bytes]:

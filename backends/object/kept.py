@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import obstore
 from obstore.store import S3Store
 
+from kvtier.policies.sparing import spare_kept
 from kvtier.policies.tenancy import parse_tenants
 from kvtier.spec import Failed, first_positions
 from kvtier.spec.base import Keep
@@ -99,28 +100,16 @@ class KeptMarks:
 
 def spare(index: Index, marks: KeptMarks, victims: list[bytes]) -> tuple[list[bytes], bool]:
     """``victims`` (of ``index.trim()``) less the kept ones, which go back into the index,
-    and the room they gave taken again from blocks not kept.
+    and the room they gave taken again from blocks not kept (the loop is
+    :func:`~kvtier.policies.sparing.spare_kept`).
 
     ``(victims, False)`` where only kept blocks were left to give room: the index is
     then over its bound by what the caller's put added, and the caller takes that out.
     """
-    if not marks.entries or not victims:
-        return victims, True
-    gone: list[bytes] = []
-    kept_in_a_row = 0  # victims offered in a row that were all kept
-    while victims:
-        back = [v for v in victims if v in marks.entries]
-        gone += [v for v in victims if v not in marks.entries]
-        if not back:
-            return gone, True
-        for victim in back:
-            index.restore(victim, *marks.entries[victim])
-        marks.spared += len(back)
-        kept_in_a_row = kept_in_a_row + len(back) if len(back) == len(victims) else len(back)
-        if kept_in_a_row > len(marks.entries):  # every kept block offered: no other is left
-            return gone, False
-        victims = index.trim()
-    return gone, True
+    gone, spared, placed = spare_kept(victims, marks.entries,
+                                      lambda v: index.restore(v, *marks.entries[v]), index.trim)
+    marks.spared += spared
+    return gone, placed
 
 
 def trim(index: Index, marks: KeptMarks, new: list[bytes]) -> tuple[list[bytes], list[bytes]]:

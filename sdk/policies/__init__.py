@@ -12,8 +12,9 @@ the other three hits most).  Beside them are the miniature simulations of
 online sizing (:mod:`.sizing`), the chain's admission sketch to the tiers
 below the first (:mod:`.admission`), and :class:`Partitioned`
 (:mod:`.partitions`), several partitions with quotas in one capacity, each
-with a policy of its own, and the tenants' rules of a tier (:mod:`.tenancy`:
-quotas, weights, retention budgets, expiry, and the fair shares they give).
+with a policy of its own, the tenants' rules of a tier (:mod:`.tenancy`:
+quotas, weights, retention budgets, expiry, and the fair shares they give),
+and the victims a tier spares because they are kept (:mod:`.sparing`).
 
 The host tier, the fs and object tiers (and the fs pool's SQL S3-FIFO,
 checked against :class:`S3Fifo`), ``kvtier plan``, vLLM's ``CachePolicy``
