@@ -37,6 +37,10 @@ server of before those requests answers each mark False (refused) and each
 release None, and its connection stays up (docs/tenants.md, "Keep").
 ``kvtier_expire`` gives blocks a deadline at the servers' tiers (EXPIRE
 requests) the same way; a server of before it answers each key False.
+``kvtier_deadlines`` asks the servers what deadlines are left (DEADLINES
+requests), so any client reads a deadline another set: per key the earliest
+the servers' tiers hold; None from a server of before it, and for a peer that
+failed.
 
 ``kvtier_scan`` is not implemented: the blocks live in the serving nodes'
 own chains, which may span several tiers per node (RAM, disk, a bucket), so
@@ -72,7 +76,7 @@ from kvtier.spec import (
     ProtocolError,
     RefusedError,
 )
-from kvtier.spec.base import Evicted, Expire, GetInto, Keep, PutParts
+from kvtier.spec.base import Deadlines, Evicted, Expire, GetInto, Keep, PutParts
 from kvtier.spec.shared import CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
 
 from .ring import Ring
@@ -148,7 +152,7 @@ class _Round:
     again: dict[int, list[int]] = field(default_factory=dict)
 
 
-class PeerBackend(PutParts, GetInto, Keep, Expire):
+class PeerBackend(PutParts, GetInto, Keep, Expire, Deadlines):
     """Blocks held by other nodes' ``kvtier serve``, over the kvtier peer protocol."""
 
     name = "peer"
@@ -338,6 +342,26 @@ class PeerBackend(PutParts, GetInto, Keep, Expire):
     def _expire(self, keys: Sequence[bytes], after: float) -> list[bool | None]:
         return self._outcomes("expire", keys, {"t": pp.EXPIRE, "d": float(after)},
                               refused_if_lacking=True)
+
+    def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        # per key the earliest deadline a server answered (each holds its own, under
+        # placement "all"); a server of before DEADLINES is sent none
+        result: list[float | None] = [None] * len(keys)
+
+        def build(peer: Peer, chunk: list[int]) -> _Call:
+            return _Call(peer, chunk, {"t": pp.DEADLINES, "k": [keys[i] for i in chunk]})
+
+        def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
+            if reply.left is None or len(reply.left) != len(call.indices):
+                raise ProtocolError("DEADLINES reply does not match its keys")
+            for i, left in zip(call.indices, reply.left):
+                known = result[i]
+                if left is not None and (known is None or left < known):
+                    result[i] = left
+            return []
+
+        self._dispatch("deadlines", keys, list(range(len(keys))), build, done, None)
+        return result
 
     def _outcomes(self, what: str, keys: Sequence[bytes], header: dict[str, Any],
                   refused_if_lacking: bool) -> list[bool | None]:

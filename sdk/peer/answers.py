@@ -1,4 +1,5 @@
-"""What ``kvtier serve`` answers per key: a GET's blobs, an EVICT's, KEEP's, EXPIRE's flags.
+"""What ``kvtier serve`` answers per key: a GET's blobs, an EVICT's, KEEP's, EXPIRE's flags,
+DEADLINES' seconds left.
 
 Each works on the chain of the connection's namespace, the one its handshake
 named, so a request can reach no other namespace's blocks, and no other
@@ -15,10 +16,11 @@ from collections.abc import Iterable, Sequence
 from kvtier.chain.chain import Chain
 from kvtier.chain.expiring import set_deadline
 from kvtier.chain.keeping import mark
+from kvtier.chain.tier import Tier
 from kvtier.peer import protocol as pp
 from kvtier.spec import BytesLike
 
-__all__ = ["evict", "expire", "get", "keep"]
+__all__ = ["deadlines", "evict", "expire", "get", "keep"]
 
 
 def get(rid: int, chain: Chain, keys: list[bytes], limit: int) -> list[BytesLike]:
@@ -70,6 +72,28 @@ def expire(chain: Chain, keys: list[bytes], after: float) -> list[bool | None]:
     there), True where one set it, None where no tier holds it."""
     chain.flush()  # queued copies land first, as Chain.expire does
     return _per_key(len(keys), (set_deadline(tier, keys, after) for tier in chain.tiers))
+
+
+def deadlines(chain: Chain, keys: list[bytes]) -> list[float | None]:
+    """The deadlines left of ``keys`` as the server's chain sees them: per key the
+    earliest deadline among its tiers that hold one (``kvtier_deadlines``), in seconds,
+    None where none does.  Asking is no use of a block, and no change to it."""
+    out: list[float | None] = [None] * len(keys)
+    for tier in chain.tiers:
+        for i, left in enumerate(_left(tier, keys)):
+            known = out[i]
+            if left is not None and (known is None or left < known):
+                out[i] = left
+    return out
+
+
+def _left(tier: Tier, keys: list[bytes]) -> Sequence[float | None]:
+    """``kvtier_deadlines`` at ``tier``; None for every key of a tier without the hook
+    or unavailable (backed off after a fault, which trips its breaker as any call)."""
+    if not keys or not tier.handle.implements("kvtier_deadlines"):
+        return [None] * len(keys)
+    answer = tier._call("deadlines", lambda: tier.handle.deadlines(keys), len(keys))
+    return [None] * len(keys) if answer is None else answer
 
 
 def _per_key(count: int, tiers_answers: Iterable[Sequence[bool | None]]) -> list[bool | None]:

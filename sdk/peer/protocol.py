@@ -40,6 +40,7 @@ Requests carry ``id`` and are batched (``k``: list of keys)::
     KEEP   {id, k}                        -> REPLY {id, o: [kept | None]}   (optional)
     RELEASE {id, k}                       -> REPLY {id, o: [True | None]}   (optional)
     EXPIRE {id, k, d}                     -> REPLY {id, o: [set | None]}    (optional)
+    DEADLINES {id, k}                     -> REPLY {id, l: [seconds | None]} (optional)
     any                                   -> ERROR {id, c, m} (the request failed)
 
 Optional requests are sent only to a server whose WELCOME lists them in
@@ -48,7 +49,9 @@ would close a connection on a type it does not know).  KEEP and RELEASE mark
 blocks kept, or release them, at the tiers of the connection's chain
 (``kvtier_keep``): per key True, False (refused) or None (not held there).
 EXPIRE gives blocks a deadline ``d`` seconds from now (finite, above 0) at
-those tiers (``kvtier_expire``), answered the same way.
+those tiers (``kvtier_expire``), answered the same way.  DEADLINES asks those
+tiers what deadlines are left (``kvtier_deadlines``): per key the earliest of
+them, in seconds (finite, above 0), or None where no tier holds one.
 
 In a GET reply ``None`` is a miss and ``-1`` a block that did not fit in this
 reply's payload limit: ask for it again.  The server answers the requests of
@@ -124,14 +127,15 @@ MAX_U32 = 0xFFFFFFFF
 # message types (plain ints: they travel as msgpack ints)
 HELLO, WELCOME, AUTH, AUTH_OK, ERROR = 1, 2, 3, 4, 5
 GET, PUT, LOOKUP, EVICT, STATS, KEEP, RELEASE, EXPIRE = 16, 17, 18, 19, 20, 21, 22, 23
+DEADLINES = 24
 REPLY = 32
 #: Requests a server answers only if its WELCOME lists them (``x``).
-OPTIONAL = frozenset({KEEP, RELEASE, EXPIRE})
+OPTIONAL = frozenset({KEEP, RELEASE, EXPIRE, DEADLINES})
 REQUESTS = frozenset({GET, PUT, LOOKUP, EVICT, STATS}) | OPTIONAL
 NAMES = {HELLO: "HELLO", WELCOME: "WELCOME", AUTH: "AUTH", AUTH_OK: "AUTH_OK",
          ERROR: "ERROR", GET: "GET", PUT: "PUT", LOOKUP: "LOOKUP", EVICT: "EVICT",
          STATS: "STATS", KEEP: "KEEP", RELEASE: "RELEASE", EXPIRE: "EXPIRE",
-         REPLY: "REPLY"}
+         DEADLINES: "DEADLINES", REPLY: "REPLY"}
 #: Size of a GET reply entry for a block that did not fit: ask again.
 RETRY = -1
 
@@ -188,6 +192,7 @@ class Reply:
     sizes: list[int | None] | None  # GET
     flags: list[bool] | None  # PUT, LOOKUP, EVICT
     marks: list[bool | None] | None = None  # KEEP, RELEASE, EXPIRE
+    left: list[float | None] | None = None  # DEADLINES: seconds, finite and above 0
 
 
 Message = Hello | Welcome | Auth | Error | Request | Reply
@@ -340,6 +345,13 @@ def _reply(h: dict[str, Any], payload_len: int) -> Reply:
         if len(marks) > MAX_KEYS or any(m is not None and type(m) is not bool for m in marks):
             raise ProtocolError("reply outcomes must be booleans or nil")
         return Reply(rid, None, None, marks)
+    if "l" in h:
+        _no_payload(REPLY, payload_len)
+        left = _list(h, "l")
+        if len(left) > MAX_KEYS or any(s is not None and (type(s) not in (float, int)
+                                                          or not 0 < s < math.inf) for s in left):
+            raise ProtocolError("reply deadlines must be seconds above 0 or nil")
+        return Reply(rid, None, None, None, [None if s is None else float(s) for s in left])
     return Reply(rid, None, None)  # STATS: the payload is a msgpack map
 
 

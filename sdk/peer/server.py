@@ -456,7 +456,10 @@ class PeerServer:
         keys, rid = request.keys, request.rid
         if request.kind == pp.GET:
             return answers.get(rid, chain, keys, limit)
-        if request.kind in pp.OPTIONAL:  # of this connection's namespace only
+        # the optional requests reach this connection's namespace only
+        if request.kind == pp.DEADLINES:
+            return [pp.frame({"t": pp.REPLY, "id": rid, "l": answers.deadlines(chain, keys)})]
+        if request.kind in pp.OPTIONAL:
             marks = (answers.expire(chain, keys, request.after) if request.kind == pp.EXPIRE
                      else answers.keep(chain, keys, request.kind == pp.KEEP))
             return [pp.frame({"t": pp.REPLY, "id": rid, "o": marks})]

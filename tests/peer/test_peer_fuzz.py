@@ -35,8 +35,8 @@ key_lists = st.lists(keys, max_size=20)
 def valid_frames(draw: st.DrawFn) -> bytes:
     """A well-formed frame of any message type, payload included."""
     kind = draw(st.sampled_from(["hello", "welcome", "auth", "error", "get", "put", "lookup",
-                                 "stats", "keep", "expire", "reply_sizes", "reply_flags",
-                                 "reply_marks"]))
+                                 "stats", "keep", "expire", "deadlines", "reply_sizes",
+                                 "reply_flags", "reply_marks", "reply_left"]))
     rid = draw(st.integers(0, 1 << 40))
     payload = b""
     header: dict[str, Any]
@@ -67,6 +67,12 @@ def valid_frames(draw: st.DrawFn) -> bytes:
     elif kind == "expire":
         header = {"t": pp.EXPIRE, "id": rid, "k": draw(key_lists),
                   "d": draw(st.floats(min_value=1e-6, max_value=1e12))}
+    elif kind == "deadlines":
+        header = {"t": pp.DEADLINES, "id": rid, "k": draw(key_lists)}
+    elif kind == "reply_left":
+        header = {"t": pp.REPLY, "id": rid, "l": draw(st.lists(st.one_of(
+            st.none(), st.floats(min_value=1e-6, max_value=1e12),
+            st.integers(1, 1 << 40)), max_size=10))}
     elif kind == "reply_marks":
         header = {"t": pp.REPLY, "id": rid,
                   "o": draw(st.lists(st.one_of(st.none(), st.booleans()), max_size=10))}
@@ -106,7 +112,7 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
         data[4:12] = struct.pack("<II", header_len, payload_len)
     else:
         header, payload = pp.decode_frame(bytes(data))
-        name = draw(st.sampled_from([*sorted(header), "t", "id", "k", "s", "v", "d"]))
+        name = draw(st.sampled_from([*sorted(header), "t", "id", "k", "s", "v", "d", "l"]))
         header[name] = draw(weird_values)
         return pp.frame(header, len(payload)) + bytes(payload)
     return bytes(data)
@@ -169,6 +175,23 @@ def test_an_expire_without_a_time_above_0_is_a_protocol_error(after: Any) -> Non
     assert good == pp.Request(pp.EXPIRE, 1, [b"k"], [], 2.0)
     with pytest.raises(ProtocolError):  # no payload
         pp.parse_message({"t": pp.EXPIRE, "id": 1, "k": [b"k"], "d": 2.5}, 3)
+
+
+@pytest.mark.parametrize("left", [0, 0.0, -1.5, float("nan"), float("inf"), True, "10m", b"1"])
+def test_a_deadlines_reply_of_anything_but_seconds_above_0_is_a_protocol_error(
+        left: Any) -> None:
+    """Per key finite seconds above 0, or nil: anything else is a bad frame, as
+    ``BackendHandle.deadlines`` would refuse it from a backend."""
+    with pytest.raises(ProtocolError, match="deadlines"):
+        pp.parse_message({"t": pp.REPLY, "id": 3, "l": [1.5, left]}, 0)
+    with pytest.raises(ProtocolError):
+        pp.parse_message({"t": pp.REPLY, "id": 3, "l": 1.5}, 0)
+    good = pp.parse_message({"t": pp.REPLY, "id": 3, "l": [1.5, None, 2]}, 0)
+    assert good == pp.Reply(3, None, None, None, [1.5, None, 2.0])
+    with pytest.raises(ProtocolError):  # no payload
+        pp.parse_message({"t": pp.REPLY, "id": 3, "l": [1.5]}, 4)
+    request = pp.parse_message({"t": pp.DEADLINES, "id": 1, "k": [b"k"]}, 0)
+    assert request == pp.Request(pp.DEADLINES, 1, [b"k"], [])
 
 
 class BytesSocket:
