@@ -66,7 +66,7 @@ class DirectIO:
         compute on the same cores loses.  KV written down is also not
         cached a second time.  The plan is the read's: aligned buffers go as
         they are, others through this thread's bounce buffer; the last one
-        is padded with zeros to the alignment, and the file cut back after.
+        is written apart (below).
         """
         if not (self.direct_min and self.direct_min <= size <= _DIRECT_MAX):
             return False
@@ -76,9 +76,20 @@ class DirectIO:
         iov, copies = plan
         for slot, src in copies:
             copy_bytes(src, slot)
-        padded = sum(map(len, iov))
-        if padded != size:  # only a bounce slot is padded: zero what follows the block
-            iov[-1][size - padded :] = bytes(padded - size)
+        # A block that ends off the alignment (a sealed block's 16-byte tag) ends in a
+        # bounce slot: the aligned part goes with O_DIRECT, the last bytes through the
+        # page cache.  Writing the slot padded and cutting the file back cost more: on
+        # ext4 the cut reads the last block back from the disk, at once, to zero its
+        # rest, and journals the file as an orphan (BENCHMARKS.md, "Encryption at rest").
+        tail = size % _ALIGN
+        tail_bytes = b""
+        if tail:
+            last = iov.pop()
+            end = last.nbytes - _ALIGN  # only the last slot is padded, by less than _ALIGN
+            if end:
+                iov.append(last[:end])
+            tail_bytes = last[end : end + tail]
+        aligned = size - tail
         try:
             # F_SETFL sets only the status flags, and none other is in use here
             fcntl.fcntl(fd, fcntl.F_SETFL, _O_DIRECT)
@@ -90,13 +101,13 @@ class DirectIO:
                      self.nsroot, exc)
             self.direct_min = 0
             written = -1
-        if written < padded:  # refused, or short: the caller writes it all again
-            fcntl.fcntl(fd, fcntl.F_SETFL, 0)
+        fcntl.fcntl(fd, fcntl.F_SETFL, 0)
+        if written == aligned and tail:
+            written += os.pwrite(fd, tail_bytes, aligned)
+        if written < size:  # refused, or short: the caller writes it all again
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
             return False
-        if padded != size:
-            os.ftruncate(fd, size)
         return True
 
     def read_large(self, fd: int, size: int, bufs: list[Any]) -> int | None:

@@ -145,3 +145,49 @@ def test_a_chain_stores_engine_rows_and_reads_them_back(tmp_path: Path) -> None:
         region[:] = bytes(len(region))  # the engine reuses its rows
         assert chain.get(keys, rows) == [True] * 6
     assert [bytes(r) for r in rows] == payloads
+
+
+def test_a_block_ending_off_the_alignment_is_not_cut_back(
+    local_url: str, opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sealed block ends in its 16-byte tag: the aligned part goes with O_DIRECT and
+    the tail through the page cache, with no cut of the file after (on ext4 a cut
+    reads the last block back from the disk, at once)."""
+    tier = opener(local_url)
+    store = store_of(tier)
+    if store.direct_min == 0:
+        pytest.skip("the backend did not enable O_DIRECT here")
+    log = WriteLog(monkeypatch)
+    cuts: list[int] = []
+    real_ftruncate = os.ftruncate
+
+    def ftruncate(fd: int, length: int) -> None:
+        cuts.append(length)
+        real_ftruncate(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    head, payload, tag = blob(ALIGN, 30), aligned_copy(blob(2 << 20, 31)), blob(16, 32)
+    assert list(tier.put_parts([b"sealed"], [[head, payload, tag]], [])) == [True]
+    monkeypatch.undo()
+    assert log.direct == [True] and cuts == []
+    assert Path(store.path(b"sealed")).read_bytes() == head + bytes(payload) + tag
+
+
+def test_a_short_direct_write_is_written_again_whole(
+    local_url: str, opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = opener(local_url, io_threads=1)
+    store = store_of(tier)
+    if store.direct_min == 0:
+        pytest.skip("the backend did not enable O_DIRECT here")
+    real_pwritev = os.pwritev
+
+    def short_pwritev(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+        got = real_pwritev(fd, buffers, offset, flags)
+        return got - ALIGN if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT else got
+
+    monkeypatch.setattr(os, "pwritev", short_pwritev)
+    data = blob((2 << 20) + 5, 33)
+    assert list(tier.put([b"short"], [data], [])) == [True]
+    monkeypatch.undo()
+    assert Path(store.path(b"short")).read_bytes() == data
