@@ -52,6 +52,7 @@ GROUPS: tuple[str, ...] = (
     "scan",
     "keep",
     "expire",
+    "deadlines",
     "framed",
 )
 
@@ -141,6 +142,7 @@ GATES: Mapping[str, Gate] = {
     "scan": implements("kvtier_scan"),
     "keep": implements("kvtier_keep"),
     "expire": implements("kvtier_expire"),
+    "deadlines": implements("kvtier_deadlines"),
     "framed": declares("framed_only"),
 }
 

@@ -50,6 +50,7 @@ AFTER_CLOSE: dict[str, Callable[[BackendHandle, KitBase], object]] = {
     "kvtier_scan": lambda h, kit: h.scan(None),
     "kvtier_keep": lambda h, kit: h.keep([_KEY], True),
     "kvtier_expire": lambda h, kit: h.expire([_KEY], 1.0),
+    "kvtier_deadlines": lambda h, kit: h.deadlines([_KEY]),
 }
 
 

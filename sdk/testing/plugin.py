@@ -26,6 +26,7 @@ _KIT_MODULES = (
     "scan",
     "keep",
     "expire",
+    "deadlines",
     "stateful",
     "suite",
 )

@@ -6,6 +6,7 @@ from .capacity import CapacityTests
 from .concurrency import ConcurrencyTests
 from .corruption import CorruptionTests
 from .crash import CrashSafetyTests
+from .deadlines import DeadlinesTests
 from .expire import ExpireTests
 from .framed import FramedTests
 from .instances import InstanceTests
@@ -39,6 +40,7 @@ class BackendTests(
     ScanTests,
     KeepTests,
     ExpireTests,
+    DeadlinesTests,
     FramedTests,
 ):
     """The conformance kit: subclass it as ``Test...`` in a test module.
