@@ -45,7 +45,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from kvtier.policies.expiry import ExpiryClock
 from kvtier.policies.tenancy import parse_expiry
@@ -107,10 +107,16 @@ class Expirer:
                 self.enabled = True
                 self._wrap()
 
-    def deadlines_at(self, keys: Sequence[bytes]) -> list[float | None]:
-        """``keys``' own deadlines in this process's clock (monotonic), None where none."""
+    def left(self, keys: Sequence[bytes]) -> list[float | None]:
+        """Seconds left before ``keys``' own deadlines in this process's clock; None where
+        there is none, or the block has expired (by it or by ``expire``)."""
+        out: list[float | None] = []
         with self._lock:
-            return [self._clock.deadline_of(k) for k in keys]
+            clock, now = self._clock, time.monotonic()
+            for key in keys:
+                at = clock.deadline_of(key)
+                out.append(None if at is None or clock.expired(key, now) else at - now)
+        return out
 
     def past(self, key: bytes) -> bool:
         """Whether this process knows ``key``'s block to have expired."""
@@ -264,17 +270,11 @@ class Deadlines(Expire, DeadlinesLeft):
         return [answers[k] for k in keys]
 
     def _deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
-        expirer = self._expirer
-        expirer.poll()  # the deadlines other processes set (module docstring)
-        at = expirer.deadlines_at(keys)
-        asked = [j for j, a in enumerate(at) if a is not None]
-        out: list[float | None] = [None] * len(keys)
-        if not asked:
-            return out
-        held = self._lookup([keys[j] for j in asked])
-        now = time.monotonic()
-        for j, found in zip(asked, held, strict=True):
-            left = cast(float, at[j]) - now
-            if found and left > 0 and not expirer.past(keys[j]):
-                out[j] = left
-        return out
+        self._expirer.poll()  # the deadlines other processes set (module docstring)
+        left = self._expirer.left(keys)
+        asked = [j for j, seconds in enumerate(left) if seconds is not None]
+        if asked:  # a deadline of a block no longer held is none
+            for j, found in zip(asked, self._lookup([keys[j] for j in asked]), strict=True):
+                if not found:
+                    left[j] = None
+        return left
