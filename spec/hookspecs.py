@@ -430,13 +430,15 @@ def kvtier_deadlines(keys: Sequence[bytes]) -> Sequence[float | None]:
     """How long the blocks' deadlines (``kvtier_expire``) have left.
 
     The chain asks the tier a block is copied from (a promotion up, a
-    demotion down) and gives the copy the same deadline where it lands, so
-    a deadline goes with its block from tier to tier.  Only deadlines count:
-    the tier's own ``expire`` is the operator's bound for that tier, and the
-    tier a copy lands in has its own.  A store shared by processes
-    (``shared=True``) answers the deadlines any of them set, once this
-    instance has seen them (as soon as ``kvtier_expire`` says a deadline
-    is seen).
+    write-through down), where that tier is shared by processes, and gives
+    the copy the same deadline where it lands, so a deadline goes with its
+    block from tier to tier.  (A demotion's block has left the tier above
+    when it is copied: the chain remembers the deadlines it set itself.)
+    Only deadlines count: the tier's own ``expire`` is the operator's bound
+    for that tier, and the tier a copy lands in has its own.  A store
+    shared by processes (``shared=True``) answers the deadlines any of them
+    set, once this instance has seen them (as soon as ``kvtier_expire``
+    says a deadline is seen).
 
     :param keys: the keys, see the conventions above.
     :return: per key, the seconds left before the block's deadline, above 0;

@@ -16,8 +16,11 @@ Deadlines are set at every tier that holds the block and implements
 ``peer``).  A tier that holds the block without the hook keeps it by its own
 ``expire`` alone, so ``expire`` answers False for that key: the caller knows the block
 may outlive the deadline there, and may evict it.  As with :meth:`~kvtier.chain.Chain.keep`,
-copies still queued for tiers below land first; a copy made later (a
-promotion, a demotion) carries no deadline where it lands.
+copies still queued for tiers below land first.  A copy made later (a
+promotion, a demotion, a write-through) takes the deadline along where it
+lands (:mod:`.carry`): the chain remembers the deadlines it set, and asks
+the tier a promotion comes from for those other processes set there
+(``kvtier_deadlines``, contract 1.4).
 
 vLLM requests give their blocks a deadline with the ``kv_hints`` action
 ``kvtier.expire`` (:mod:`kvtier.contrib.vllm.hints`).  How each backend
@@ -26,18 +29,22 @@ holds a deadline, and for how many processes: docs/tenants.md, "Expiry".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from kvtier.chain.arguments import check_keys
 from kvtier.chain.tier import Tier
+from kvtier.chain.traffic import Traffic
 from kvtier.plugins.options import parse_duration
 
-__all__ = ["Deadlines", "deadline_seconds", "set_deadline"]
+__all__ = ["Deadlines", "deadline_seconds", "deadlines_left", "expire_tiers", "per_key",
+           "set_deadline"]
 
 
 class _Chain(Protocol):
     tiers: list[Tier]
+    _traffic: Traffic
 
     def _check_open(self) -> None: ...
 
@@ -65,6 +72,48 @@ def set_deadline(tier: Tier, keys: Sequence[bytes], after: float) -> list[bool |
     return [None] * len(keys) if answer is None else list(answer)
 
 
+def deadlines_left(chain: _Chain, keys: Sequence[bytes]) -> list[float | None]:
+    """Per key, the seconds left before the earliest deadline a tier of ``chain`` holds
+    for the block (``kvtier_deadlines``), as that hook answers for the chain as a whole:
+    None where no tier that answers holds one."""
+    out: list[float | None] = [None] * len(keys)
+    for tier in chain.tiers:
+        if not keys or not tier.handle.implements("kvtier_deadlines"):
+            continue
+        for i, left in enumerate(_left(tier, keys) or ()):
+            mine = out[i]
+            if left is not None and (mine is None or left < mine):
+                out[i] = left
+    return out
+
+
+def _left(tier: Tier, keys: Sequence[bytes]) -> list[float | None] | None:
+    return tier._call("deadlines", lambda: tier.handle.deadlines(keys), len(keys))
+
+
+def per_key(count: int, tiers_answers: Iterable[Sequence[bool | None]]) -> list[bool | None]:
+    """The tiers' per-key answers (a keep, an expire) joined: False where any tier said
+    False, else True where one said True, else None (no tier holds the block)."""
+    out: list[bool | None] = [None] * count
+    for answers in tiers_answers:
+        for i, answer in enumerate(answers):
+            if answer is False or (answer is True and out[i] is None):
+                out[i] = answer
+    return out
+
+
+def expire_tiers(chain: _Chain, keys: Sequence[bytes], after: float) -> list[bool | None]:
+    """``kvtier_expire`` at each of ``chain``'s tiers, answers joined (:func:`per_key`), and
+    remembered by the chain for the copies it makes later (:mod:`.carry`).  The caller
+    flushes first, so that queued copies land at the tiers below before."""
+    at = time.monotonic() + after
+    record = chain._traffic.deadlines
+    record.remember(keys, at)  # first: a copy queued meanwhile takes it along
+    answers = per_key(len(keys), (set_deadline(tier, keys, after) for tier in chain.tiers))
+    record.forget([k for k, a in zip(keys, answers, strict=True) if a is None], at)
+    return answers
+
+
 class Deadlines:
     """The chain's deadline call (a mixin of :class:`~kvtier.chain.Chain`)."""
 
@@ -81,9 +130,4 @@ class Deadlines:
         keys = check_keys(keys)
         seconds = deadline_seconds(after)
         self.flush()  # queued copies land first: the tiers below hold them when set
-        set_, failed = [False] * len(keys), [False] * len(keys)
-        for tier in self.tiers:
-            for i, answer in enumerate(set_deadline(tier, keys, seconds)):
-                set_[i] = set_[i] or answer is True
-                failed[i] = failed[i] or answer is False
-        return [s and not f for s, f in zip(set_, failed, strict=True)]
+        return [a is True for a in expire_tiers(self, keys, seconds)]

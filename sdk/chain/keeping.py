@@ -14,8 +14,10 @@ budget): a block beyond it is refused, False, and counted in the tier's
 its adapter's lock pins are another thing (docs/tenants.md, "Retention").
 
 Copies still queued for tiers below land first, so the tiers they go to hold
-the blocks when they are marked.  A copy made later (a promotion, a demotion)
-is not kept where it lands.
+the blocks when they are marked.  A copy made later is not kept where it
+lands, and need not be: a kept block is no capacity victim, so it is never
+demoted, and a promotion's source keeps its mark (a deadline does move with
+its block: :mod:`.carry`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvtier.chain.arguments import check_keys
-from kvtier.chain.expiring import Deadlines
+from kvtier.chain.expiring import Deadlines, per_key
 from kvtier.chain.tier import Tier
 
 __all__ = ["Retention", "mark"]
@@ -67,12 +69,8 @@ class Retention(Deadlines):
         self._check_open()
         keys = check_keys(keys)
         self.flush()  # queued copies land first: the tiers below hold them when marked
-        kept, refused = [False] * len(keys), [False] * len(keys)
-        for tier in self.tiers:
-            for i, answer in enumerate(mark(tier, keys, True)):
-                kept[i] = kept[i] or answer is True
-                refused[i] = refused[i] or answer is False
-        return [k and not r for k, r in zip(kept, refused, strict=True)]
+        answers = per_key(len(keys), (mark(tier, keys, True) for tier in self.tiers))
+        return [a is True for a in answers]
 
     def release(self: _Chain, keys: Sequence[bytes]) -> list[bool]:
         """Release the marks of ``keys``' blocks at every tier: they may be evicted again.
@@ -81,8 +79,5 @@ class Retention(Deadlines):
         """
         self._check_open()
         keys = check_keys(keys)
-        held = [False] * len(keys)
-        for tier in self.tiers:
-            for i, answer in enumerate(mark(tier, keys, False)):
-                held[i] = held[i] or answer is True
-        return held
+        answers = per_key(len(keys), (mark(tier, keys, False) for tier in self.tiers))
+        return [a is True for a in answers]  # a release answers True or None

@@ -6,7 +6,8 @@ traffic's own, is settled here (:meth:`Traffic.settle`), which sends
 copies down (or, for promotions, up) on per-tier worker threads, bounded
 by a per-tier backlog in bytes so a slow tier slows writers down instead
 of filling memory.  Blocks on their way down stay readable from
-:attr:`Traffic.queued`.
+:attr:`Traffic.queued`.  Every copy takes its block's deadline along
+(:mod:`kvtier.chain.carry`, :attr:`Traffic.deadlines`).
 
 Imports the queue's parts (:mod:`kvtier.chain.queue`) and tiers, never the
 chain: the walk calls the traffic, not the other way round.
@@ -23,6 +24,7 @@ from typing import Literal
 
 from kvtier.block import framing
 from kvtier.block.framing import Checked, Codec, Header
+from kvtier.chain.carry import DeadlineRecord, Times, asks, carry, learn
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.policies.admission import Admission
@@ -91,6 +93,7 @@ class Traffic:
         self.pending = Pending()
         self.queued = Queued()  # blocks on their way down: readable meanwhile
         self.unsaved = Unsaved(self._keeps_unsaved(i) for i in range(len(self.tiers)))
+        self.deadlines = DeadlineRecord()  # the chain's, so that copies take them along
 
     def writes_through(self, index: int) -> bool:
         """Whether what tier ``index`` stores is written through to the tier below."""
@@ -197,7 +200,8 @@ class Traffic:
             if codec not in made:
                 made[codec] = self._frames_for(codec, source, keys, frames, owned, payloads)
             blobs, headers = made[codec]
-            self.submit(index, list(keys), blobs, "promote", verify=False, headers=headers)
+            self.submit(index, list(keys), blobs, "promote", verify=False, headers=headers,
+                        source=source)
 
     def _frames_for(
         self,
@@ -246,12 +250,16 @@ class Traffic:
         *,
         verify: bool = True,
         headers: Sequence[Header | None] = (),
+        source: int | None = None,
     ) -> bool:
         """Queue framed blocks for tier ``index``; promotions never wait for room.
 
         A block written through stays readable from the queue until it lands,
         like a demotion: the tier above may evict it before then.  ``verify``
         and ``headers`` (each frame's, parsed already) go to :meth:`Tier.put_blobs`.
+        The copies take the deadlines the chain knows now along, and those of
+        the tier they come from (``source``, a promotion's; a write-through's
+        is the tier above), asked when they are written.
         """
         nbytes = sum(memoryview(b).nbytes for b in blobs)
         if not self._backlogs[index].acquire(nbytes, block=kind != "promote"):
@@ -259,10 +267,12 @@ class Traffic:
             return False
         if kind == "through":
             self.queued.add(index, zip(keys, blobs))
+            source = index - 1
+        known = self.deadlines.known(keys)  # learned now: it may pass while queued
         self.pending.start()
         try:
             self._writers[index].submit(
-                self._write, index, keys, blobs, kind, verify, headers, nbytes
+                self._write, index, keys, blobs, kind, verify, headers, nbytes, known, source
             )
         except RuntimeError:  # executor shut down: the chain is closing
             self._write_done(index, keys, blobs, nbytes)
@@ -278,12 +288,18 @@ class Traffic:
         verify: bool,
         headers: Sequence[Header | None],
         nbytes: int,
+        known: Times | None,
+        source: int | None,
     ) -> None:
         tier = self.tiers[index]
         try:
+            if source is not None and asks(self.deadlines, self.tiers[source]):
+                known = learn(self.tiers[source], keys, known)  # before: it still holds them
             flags, evicted = tier.put_blobs(
                 keys, blobs, self.evicted_sink(index), verify=verify, headers=headers
             )
+            if known is not None:
+                flags = carry(tier, keys, flags, known)
             stored = sum(flags)
             if kind == "demote":
                 tier.stats.add(demoted=stored)
@@ -325,13 +341,24 @@ class Traffic:
                 pairs = [(k, b) for k, b in zip(part, found) if b is not None]
                 if not pairs:
                     continue
+                saving = [k for k, _ in pairs]
+                known = self._known(index, saving)
                 flags, evicted = below.put_blobs(
-                    [k for k, _ in pairs], [b for _, b in pairs], self.evicted_sink(index + 1)
+                    saving, [b for _, b in pairs], self.evicted_sink(index + 1)
                 )
+                if known is not None:
+                    flags = carry(below, saving, flags, known)
                 self._handle_evicted(index + 1, evicted)
                 saved = [k for (k, _), flag in zip(pairs, flags) if flag]
                 below.stats.add(demoted=len(saved))
                 self.unsaved.mark(index + 1, saved, True)
+
+    def _known(self, source: int, keys: Sequence[bytes]) -> Times | None:
+        """The deadlines of ``keys`` the chain knows and tier ``source`` answers."""
+        known = self.deadlines.known(keys)
+        if asks(self.deadlines, self.tiers[source]):
+            known = learn(self.tiers[source], keys, known)
+        return known
 
     def shutdown(self) -> None:
         """Stop the writers once what they run has finished."""
