@@ -1,6 +1,7 @@
 """A chain's read of an ``object`` tier against a raw obstore read of the same objects.
 
     python bench/object_reads.py [--blocks 64] [--size-mib 2] [--reads 7] [--threads 16]
+                                 [--busy-step-ms MS]
 
 Starts a SeaweedFS (``tests/support/seaweed.py``), stores ``--blocks`` random blocks
 through a chain with one ``object`` tier, then, ``--reads`` times, interleaved:
@@ -17,6 +18,13 @@ through a chain with one ``object`` tier, then, ``--reads`` times, interleaved:
   by the keys its LIST at open found (``lookup_index``; its short-lived cache of
   answers, ``lookup_cache_ttl``, set to 1 ms so that it answers none).
 
+With ``--busy-step-ms``, a Python thread of the same process spins the whole
+time in steps of that many ms and yields the GIL between steps (``time.sleep(0)``),
+as vLLM's scheduler steps while a request waits on its load (contrib/vllm/tier.py,
+``_yield_gil``): a thread that wants the GIL back after its I/O waits for a
+handover, which a spinning thread gives only at a step's end or once per switch
+interval (5 ms).
+
 Prints each one's median in ms.  Every block read is compared with what was stored.
 """
 
@@ -28,6 +36,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,12 +53,34 @@ from seaweed import SeaweedServer  # the tests' server, found through the path
 NS = Namespace("object-reads", dtype="float32", tokens_per_block=32)
 
 
+class Busy:
+    """A thread running Python in steps of ``step`` seconds, yielding the GIL between them."""
+
+    def __init__(self, step: float) -> None:
+        self._step, self._done = step, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="busy")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            end = time.perf_counter() + self._step
+            while time.perf_counter() < end:
+                pass
+            time.sleep(0)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=64)
     parser.add_argument("--size-mib", type=int, default=2)
     parser.add_argument("--reads", type=int, default=7)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--busy-step-ms", type=float, default=0.0,
+                        help="a thread holding the GIL in steps this long (0: none)")
     args = parser.parse_args()
     size = args.size_mib << 20
     keys = [b"object-read-%04d" % i for i in range(args.blocks)]
@@ -105,6 +136,7 @@ def main() -> None:
                 "raw": raw, "get": read(False), "get_into": read(True),
                 "lookup": lookup(uncached), "lookup_index": lookup(indexed)}
             times: dict[str, list[float]] = {name: [] for name in runs}
+            busy = Busy(args.busy_step_ms / 1000) if args.busy_step_ms > 0 else None
             for _ in range(args.reads):
                 for name, fn in runs.items():
                     for out in outs:
@@ -114,13 +146,16 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
                     if name in ("get", "get_into"):
                         assert all(bytes(o) == p for o, p in zip(outs, payloads)), name
+            if busy is not None:
+                busy.stop()
             heads = indexed.stats()["tiers"][0]["backend_stats"]["heads"]
             assert heads == 0, f"the indexed chain sent {heads} HEADs"
             uncached.close()
             indexed.close()
         threads.shutdown()
     medians = {name: 1000 * statistics.median(t) for name, t in times.items()}
-    print(f"{len(keys)} objects of {args.size_mib} MiB, {args.threads} threads, "
+    busy_note = f", a thread busy in {args.busy_step_ms:g} ms steps" if args.busy_step_ms else ""
+    print(f"{len(keys)} objects of {args.size_mib} MiB, {args.threads} threads{busy_note}, "
           f"median of {args.reads}: " + ", ".join(f"{n} {ms:.1f} ms" for n, ms in medians.items())
           + f"; get_into/raw {medians['get_into'] / medians['raw']:.2f}x"
           + f"; lookup_index/lookup {medians['lookup_index'] / medians['lookup']:.3f}x")

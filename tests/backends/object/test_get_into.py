@@ -119,3 +119,31 @@ def test_an_expired_object_is_a_miss_and_deleted(s3_server: SeaweedServer, bucke
     finally:
         writer.close()
         aged.close()
+
+
+def test_a_chain_misses_a_long_block_and_another_keys_block(
+    s3_server: SeaweedServer, bucket: str
+) -> None:
+    options = object_options(s3_server, bucket)
+    del options["allow_http"]
+    tier = {"name": "s3", "backend": "object", **options}
+    keys = [key(200 + i) for i in range(6)]
+    payloads = [blob(2 * MIB, 200 + i) for i in range(6)]
+    with open_chain({"chain": [tier]}, namespace=CHAIN_NS) as chain:
+        assert chain.put(keys, payloads) == [True] * 6
+        handle = chain.tiers[0].handle
+        held: list[bytes] = []
+        tamper(handle, keys[0], lambda old: held.append(old) or old)  # rewritten as it was
+        stored = held[0]
+        tamper(handle, keys[2], lambda old: old + b"\0")  # long by a byte
+        tamper(handle, keys[4], lambda old: stored)  # another key's block, of the same size
+        # the backend answers the long object's own size, which the buffers do not have
+        head = bytearray(len(stored) - 2 * MIB)
+        assert handle.get_into([keys[2]], [[memoryview(head), memoryview(bytearray(2 * MIB))]]
+                               ) == [len(stored) + 1]
+        outs = [bytearray(2 * MIB) for _ in keys]
+        found = chain.get(keys, outs)  # each a miss, dropped as damaged
+        assert found == [i not in (2, 4) for i in range(6)]
+        for i in (0, 1, 3, 5):
+            assert bytes(outs[i]) == payloads[i]
+        assert chain.stats()["tiers"][0]["corrupt"] == 2
