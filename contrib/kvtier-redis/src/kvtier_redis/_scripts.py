@@ -12,7 +12,8 @@ six bookkeeping keys:
 ``KEYS[1]``  a hash of member -> its size in bytes as accounted, and in a pool
              ``<size>:<tenant>``
 ``KEYS[2]``  a hash of counters: ``used`` (bytes), ``evictions``, ``clock``, the
-             pool's ``rules``, ``kept`` (bytes of the kept blocks), and per tenant
+             pool's ``rules``, ``kept`` (bytes of the kept blocks), ``dated`` (1 once
+             a block was given a deadline: only then does a removal drop one), and per tenant
              ``b:<t>`` (bytes held), ``r:<t>`` (blocks refused), ``e:<t>``
              (evicted), ``x:<t>`` (expired), ``k:<t>`` (bytes kept), ``kr:<t>``
              (marks refused)
@@ -88,7 +89,9 @@ if ARGV[7] ~= '' then rules = cjson.decode(ARGV[7]) end
 local after, unused = tonumber(ARGV[8]), tonumber(ARGV[9])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local used, held = 0, {}
+-- `dated`: the space was ever given a deadline (until then no removal looks for one)
+local counts = redis.call('HMGET', meta, 'used', 'dated')
+local used, dated, held = tonumber(counts[1] or '0'), counts[2] ~= false, {}
 
 local function lru(tenant)
   if pooled then return lruhead .. tenant end
@@ -121,7 +124,7 @@ local function forget(member, counter, indexed)
     redis.call('HINCRBY', meta, 'kept', -size)
     redis.call('HINCRBY', meta, 'k:' .. tenant, -size)
   end
-  redis.call('HDEL', deadlines, member)  -- a block stored again has none
+  if dated then redis.call('HDEL', deadlines, member) end  -- a block stored again has none
   used = redis.call('HINCRBY', meta, 'used', -size)
   held[tenant] = redis.call('HINCRBY', meta, 'b:' .. tenant, -size)
   if counter then redis.call('HINCRBY', meta, counter .. tenant, 1) end
@@ -158,8 +161,7 @@ local function refresh(member)
   end
 end
 
-sweep()
-used = tonumber(redis.call('HGET', meta, 'used') or '0')
+sweep()  -- keeps `used` in step (forget)
 """
 
 _VICTIM = r"""
@@ -456,6 +458,10 @@ for i = 11, #ARGV do
     local known = tonumber(redis.call('HGET', deadlines, member) or '0')
     if (known == 0 or known > deadline) and entry(member, true) then
       redis.call('HSET', deadlines, member, deadline)
+      if not dated then
+        redis.call('HSET', meta, 'dated', 1)
+        dated = true
+      end
     end
   end
   answers[i - 10] = answer
