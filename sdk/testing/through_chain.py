@@ -43,10 +43,11 @@ class ChainAsBackend:
 
     ``put`` is :meth:`Chain.put`, ``get`` :meth:`Chain.get_bytes`, ``lookup``,
     ``evict``, ``keep`` (:meth:`Chain.keep`, :meth:`Chain.release`) and
-    ``expire`` the chain's own.  Subclasses declare their options in
-    ``kvtier_options`` and open the chain in :meth:`_open`; an option ``settle``
-    (true) makes put and get wait for the chain's background writes, for
-    chains whose demotions would otherwise read as misses meanwhile.
+    ``expire`` the chain's own; ``deadlines`` the earliest its tiers answer.
+    Subclasses declare their options in ``kvtier_options`` and open the chain in
+    :meth:`_open`; an option ``settle`` (true) makes put and get wait for the
+    chain's background writes, for chains whose demotions would otherwise read
+    as misses meanwhile.
     """
 
     def __init__(self) -> None:
@@ -142,6 +143,17 @@ class ChainAsBackend:
         held = [where is not None for where in chain.lookup(keys)]
         answer = chain.expire(keys, after)
         return [a if h else None for a, h in zip(answer, held, strict=True)]
+
+    @hookimpl
+    def kvtier_deadlines(self, keys: Sequence[bytes]) -> list[float | None]:
+        # the chain has no call for it: the earliest its tiers answer, as a peer server does
+        out: list[float | None] = [None] * len(keys)
+        for tier in self._live().tiers:
+            for i, left in enumerate(tier.handle.deadlines(keys)):
+                known = out[i]
+                if left is not None and (known is None or left < known):
+                    out[i] = left
+        return out
 
 
 class ChainOfOne(ChainAsBackend):

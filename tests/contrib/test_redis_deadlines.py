@@ -21,6 +21,7 @@ import pytest
 from redis_server import RedisServer
 from redis_tenants import block, fresh_url, open_tenant
 
+from kvtier.testing.deadlines import DeadlinesTests
 from kvtier.testing.expire import ExpireTests
 
 NS_A = "a" * 32
@@ -42,6 +43,22 @@ class TestRedisExpireKit(ExpireTests):
     @pytest.fixture
     def backend_options(self, redis_server: RedisServer) -> dict[str, Any]:
         return {"url": redis_server.url(DB + 1), "prefix": "kitexp", "capacity": "4MiB",
+                "tenants": {"*": {"quota": "2MiB"}}, "expire": {"unused": "1h"}}
+
+    @pytest.fixture(autouse=True)
+    def _fresh_database(self, redis_server: RedisServer) -> None:
+        fresh_url(redis_server, DB + 1)
+
+
+class TestRedisDeadlinesKit(DeadlinesTests):
+    """The kit's ``deadlines`` group on the same pool: the deadlines read back from the
+    server."""
+
+    backend = "redis"
+
+    @pytest.fixture
+    def backend_options(self, redis_server: RedisServer) -> dict[str, Any]:
+        return {"url": redis_server.url(DB + 1), "prefix": "kitdl", "capacity": "4MiB",
                 "tenants": {"*": {"quota": "2MiB"}}, "expire": {"unused": "1h"}}
 
     @pytest.fixture(autouse=True)

@@ -60,7 +60,8 @@ def test_conformance_of_peer_runs_through_a_chain_and_passes(
     assert report["options"] == {"peers": node.address, "secret": "***"}
     totals = report["totals"]
     assert totals["failed"] == 0 and totals["passed"] >= 40, totals
-    for group in ("put_get", "lookup", "evict", "concurrency", "stateful", "lifecycle", "shared"):
+    for group in ("put_get", "lookup", "evict", "concurrency", "stateful", "lifecycle", "shared",
+                  "expire", "deadlines"):
         assert report["groups"][group]["passed"] > 0, group
     # the declaration itself is checked on the backend, not through the chain
     assert report["groups"]["framed"]["passed"] == 2, report["groups"]["framed"]
