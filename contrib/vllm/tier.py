@@ -96,6 +96,7 @@ from .region import PrimaryRows
 from .tenancy import TenantRouting, qualified_key
 from .tier_metrics import METRIC_PREFIX, AdapterCounters, metric_definitions, offloading_stats
 from .tier_options import TierOptions
+from .yielding import StepYield
 
 # chain_key, namespace_for and METRIC_PREFIX were first defined here; they stay importable
 __all__ = ["METRIC_PREFIX", "KvtierTier", "chain_key", "live_tiers", "namespace_for"]
@@ -105,19 +106,6 @@ log = logging.getLogger("kvtier.vllm")
 _CONFIG_INFO_KEYS = ("kvtier_chain", "kvtier_namespace", "kvtier_chunk_bytes")
 
 _live: weakref.WeakSet[KvtierTier] = weakref.WeakSet()
-
-
-def _yield_gil() -> None:
-    """Let the chain's I/O threads take the GIL now (called while a request waits on reads).
-
-    A scheduler stepping in a tight loop hands the GIL over only once per
-    switch interval (5 ms), and the backends' per-block Python work waits
-    for every handover: on vLLM's CPU build a cold 64-block (128 MiB) load
-    took 0.36-0.45 s instead of the 0.17 s the same read takes alone.
-    Yielding once per step brings it to about 0.25 s; stores, which no
-    request waits for, do not make the scheduler yield.
-    """
-    time.sleep(0)
 
 
 def live_tiers() -> list[KvtierTier]:
@@ -227,6 +215,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         )
         self._jobs: dict[int, _Job] = {}
         self._timer = RecomputeTimer(self.namespace, self._offloading_spec)  # teaches the chain
+        self._step_yield = StepYield()
         # loads reported failed while still reading: chain job -> deferred_release
         self._late: dict[int, threading.Event] = {}
         self._repairs: set[Future[list[bool]]] = set()
@@ -313,7 +302,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         with self._lock:
             waiting = self._waiting_reads()
         if waiting:
-            _yield_gil()
+            self._step_yield()  # .yielding: let the reads run; sleep a little if idle
         now = time.monotonic()
         with self._lock:
             self._timer.step()  # what this step scheduled is computed after it
@@ -512,7 +501,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
             done, self._finished = self._finished, []
             busy = self._waiting_reads()
         if busy:
-            _yield_gil()
+            StepYield.once()
         return done
 
     def has_pending_work(self) -> bool:
