@@ -11,10 +11,10 @@ client's tenant), so a KEEP is bounded by the ``keep`` budget of their
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from kvtier.chain.chain import Chain
-from kvtier.chain.expiring import set_deadline
+from kvtier.chain.expiring import expire_tiers, per_key
 from kvtier.chain.keeping import mark
 from kvtier.chain.tier import Tier
 from kvtier.peer import protocol as pp
@@ -62,16 +62,17 @@ def keep(chain: Chain, keys: list[bytes], marked: bool) -> list[bool | None]:
     one kept (released) it, None where no tier that keeps marks holds it."""
     if marked:
         chain.flush()  # queued copies land first, as Chain.keep does
-    return _per_key(len(keys), (mark(tier, keys, marked) for tier in chain.tiers))
+    return per_key(len(keys), (mark(tier, keys, marked) for tier in chain.tiers))
 
 
 def expire(chain: Chain, keys: list[bytes], after: float) -> list[bool | None]:
     """Give ``keys`` a deadline ``after`` seconds from now at every tier, as
     ``kvtier_expire`` answers: per key False where a tier that holds it refused
     the deadline or holds none (no ``kvtier_expire``: it outlives the deadline
-    there), True where one set it, None where no tier holds it."""
+    there), True where one set it, None where no tier holds it.  The server's chain
+    remembers it, as Chain.expire's does, so the copies it makes take it along."""
     chain.flush()  # queued copies land first, as Chain.expire does
-    return _per_key(len(keys), (set_deadline(tier, keys, after) for tier in chain.tiers))
+    return expire_tiers(chain, keys, after)
 
 
 def deadlines(chain: Chain, keys: list[bytes]) -> list[float | None]:
@@ -95,13 +96,3 @@ def _left(tier: Tier, keys: list[bytes]) -> Sequence[float | None]:
     answer = tier._call("deadlines", lambda: tier.handle.deadlines(keys), len(keys))
     return [None] * len(keys) if answer is None else answer
 
-
-def _per_key(count: int, tiers_answers: Iterable[Sequence[bool | None]]) -> list[bool | None]:
-    """The tiers' answers joined per key: False where any tier said False, else True
-    where one said True, else None."""
-    out: list[bool | None] = [None] * count
-    for answers in tiers_answers:
-        for i, answer in enumerate(answers):
-            if answer is False or (answer is True and out[i] is None):
-                out[i] = answer
-    return out
