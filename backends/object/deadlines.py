@@ -118,8 +118,12 @@ class _Clock:
         """``read`` (a get, scatter read or lookup), answering ``miss`` for a block past
         its deadline."""
         def filtered(keys: Sequence[bytes], *rest: Any) -> Sequence[Any]:
+            # past before the read, or after it: a block whose deadline passed, and whose
+            # DELETE ran and was done with, while the read was in flight, was read before
+            # the DELETE and is past now, though no longer due nor being deleted after it
+            before = self.past(keys)
             answers = read(keys, *rest)
-            past = self.past(keys)
+            past = before | self.past(keys)
             if not past:
                 return answers
             return [miss if k in past else a for k, a in zip(keys, answers, strict=True)]
