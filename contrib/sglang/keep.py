@@ -33,26 +33,21 @@ keeps nothing here, and says so in the log.  A hybrid model's extra pools
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 
-from kvtier.block.namespace import check_tenant
+from kvtier.config.prefixes import parse_prefixes
 
 __all__ = ["KeepPrefix", "PageKeeper", "parse_keep_prefixes", "prefix_page_hashes"]
 
 log = logging.getLogger("kvtier.sglang")
-
-_FIELDS = frozenset({"name", "tenant", "token_ids", "token_ids_file", "extra_key",
-                     "cache_salt"})
 
 
 @dataclass(frozen=True)
@@ -70,42 +65,12 @@ class KeepPrefix:
 def parse_keep_prefixes(value: Any) -> tuple[KeepPrefix, ...]:
     """The ``keep_prefixes`` key: a list of mappings, each with ``token_ids`` (a list of
     token ids) or ``token_ids_file`` (a JSON file holding one, read now), and optionally
-    ``name``, ``tenant``, ``extra_key`` and ``cache_salt``.  ValueError names what is wrong."""
-    if not isinstance(value, list):
-        raise ValueError(f"expected a list of prefixes, got {type(value).__name__}")
-    return tuple(_prefix(i, entry) for i, entry in enumerate(value))
-
-
-def _prefix(index: int, entry: Any) -> KeepPrefix:
-    where = f"prefix {index}"
-    if not isinstance(entry, Mapping):
-        raise ValueError(f"{where}: expected a mapping, got {type(entry).__name__}")
-    unknown = sorted(set(map(str, entry)) - _FIELDS)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(_FIELDS)}")
-    name = entry.get("name", f"prefix-{index}")
-    tenant, extra, salt = entry.get("tenant"), entry.get("extra_key"), entry.get("cache_salt")
-    for key, given in (("name", name), ("tenant", tenant), ("extra_key", extra),
-                       ("cache_salt", salt)):
-        if given is not None and not isinstance(given, str):
-            raise ValueError(f"{where}: {key!r}: expected a string, got {given!r}")
-    if tenant is not None:
-        check_tenant(tenant)
-    if ("token_ids" in entry) == ("token_ids_file" in entry):
-        raise ValueError(f"{where}: give one of 'token_ids' and 'token_ids_file'")
-    ids = entry.get("token_ids")
-    if ids is None:
-        path = Path(str(entry["token_ids_file"]))
-        try:
-            ids = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{where}: 'token_ids_file' {str(path)!r}: {exc}") from None
-    if (not isinstance(ids, list) or not ids
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-        raise ValueError(f"{where}: expected a non-empty list of token ids (integers, 0 or "
-                         "more)")
+    ``name``, ``tenant``, ``extra_key`` and ``cache_salt`` (:mod:`kvtier.config.prefixes`).
+    ValueError names what is wrong."""
     # SGLang reads an empty salt as none (RadixKey), so the prefix does too
-    return KeepPrefix(str(name), tenant, tuple(ids), extra, salt or None)
+    return tuple(KeepPrefix(e.name, e.tenant, e.token_ids, e.fields["extra_key"],
+                            e.fields["cache_salt"] or None)
+                 for e in parse_prefixes(value, ("extra_key", "cache_salt")))
 
 
 def prefix_page_hashes(prefix: KeepPrefix, page_size: int) -> list[str]:
