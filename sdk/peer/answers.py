@@ -11,12 +11,9 @@ client's tenant), so a KEEP is bounded by the ``keep`` budget of their
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvtier.chain.chain import Chain
-from kvtier.chain.expiring import expire_tiers, per_key
+from kvtier.chain.expiring import deadlines_left, expire_tiers, per_key
 from kvtier.chain.keeping import mark
-from kvtier.chain.tier import Tier
 from kvtier.peer import protocol as pp
 from kvtier.spec import BytesLike
 
@@ -79,20 +76,4 @@ def deadlines(chain: Chain, keys: list[bytes]) -> list[float | None]:
     """The deadlines left of ``keys`` as the server's chain sees them: per key the
     earliest deadline among its tiers that hold one (``kvtier_deadlines``), in seconds,
     None where none does.  Asking is no use of a block, and no change to it."""
-    out: list[float | None] = [None] * len(keys)
-    for tier in chain.tiers:
-        for i, left in enumerate(_left(tier, keys)):
-            known = out[i]
-            if left is not None and (known is None or left < known):
-                out[i] = left
-    return out
-
-
-def _left(tier: Tier, keys: list[bytes]) -> Sequence[float | None]:
-    """``kvtier_deadlines`` at ``tier``; None for every key of a tier without the hook
-    or unavailable (backed off after a fault, which trips its breaker as any call)."""
-    if not keys or not tier.handle.implements("kvtier_deadlines"):
-        return [None] * len(keys)
-    answer = tier._call("deadlines", lambda: tier.handle.deadlines(keys), len(keys))
-    return [None] * len(keys) if answer is None else answer
-
+    return deadlines_left(chain, keys)
