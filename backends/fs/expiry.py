@@ -110,13 +110,9 @@ class Expirer:
     def left(self, keys: Sequence[bytes]) -> list[float | None]:
         """Seconds left before ``keys``' own deadlines in this process's clock; None where
         there is none, or the block has expired (by it or by ``expire``)."""
-        out: list[float | None] = []
         with self._lock:
             clock, now = self._clock, time.monotonic()
-            for key in keys:
-                at = clock.deadline_of(key)
-                out.append(None if at is None or clock.expired(key, now) else at - now)
-        return out
+            return [clock.left(key, now) for key in keys]
 
     def past(self, key: bytes) -> bool:
         """Whether this process knows ``key``'s block to have expired."""

@@ -331,13 +331,8 @@ class HostStore:
             if clock is None:  # no deadline was ever given here
                 return [None] * len(keys)
             now = time.monotonic()
-            out: list[float | None] = []
-            for key in keys:
-                full = prefix + key
-                at = clock.deadline_of(full)
-                held = at is not None and full in self.blocks and not clock.expired(full, now)
-                out.append(at - now if held and at is not None else None)
-        return out
+            fulls = [prefix + key for key in keys]
+            return [clock.left(full, now) if full in self.blocks else None for full in fulls]
 
     # internals: the caller holds the lock ----------------------------------
     def _spare(self, full: bytes, victims: list[bytes], placed: bool) -> tuple[list[bytes], bool]:

@@ -60,6 +60,12 @@ class ExpiryClock(Generic[K]):
         """``key``'s own deadline (:meth:`deadline`), None where it has none; past or not."""
         return self._deadlines.get(key)
 
+    def left(self, key: K, now: float) -> float | None:
+        """Seconds from ``now`` to ``key``'s own deadline (``kvtier_deadlines``); None where
+        it has none or its block has expired (by it, or by ``after``/``unused``)."""
+        at = self._deadlines.get(key)
+        return None if at is None or self.expired(key, now) else at - now
+
     def soonest(self) -> float | None:
         """The earliest deadline of a key still known; None: none."""
         soonest, deadlines = self._soonest, self._deadlines
