@@ -436,12 +436,15 @@ class LoadDecision:
     def tier_stats(self, tier: int) -> dict[str, Any]:
         """``load_cost`` (the fit), ``declined`` blocks, ``declined_tokens``,
         ``probes`` (one-block reads that measured it), ``read_backs`` (blocks read back
-        after stores to measure it) and ``kept_costs`` (times an earlier process's fit
+        after stores to measure it), ``read_back_failures`` (read-backs a fault of the
+        tier ended: no sample) and ``kept_costs`` (times an earlier process's fit
         judged it instead) of a tier."""
         with self._lock:
             declined, tokens = self._declined[tier], self._declined_tokens[tier]
             probes, kept = self._probes[tier], self._kept[tier]
-        counts = self.readback.counts
+        counts, failures = self.readback.counts, self.readback.failures
         return {"load_cost": self.costs[tier].summary(), "declined": declined,
                 "declined_tokens": tokens, "probes": probes,
-                "read_backs": counts[tier] if tier < len(counts) else 0, "kept_costs": kept}
+                "read_backs": counts[tier] if tier < len(counts) else 0,
+                "read_back_failures": failures[tier] if tier < len(failures) else 0,
+                "kept_costs": kept}

@@ -13,7 +13,8 @@ faster read counts, as a probe's do), through the tier's own read path
 as no hit; a block gone or damaged since is no sample), and feeds the time to
 the tier's fit as a ``read-back`` sample, which the chain keeps at close
 beside the recompute model.  What is left due at close is read then.  A
-fault of the tier in a read-back is counted in its ``errors`` and logged,
+fault of the tier in a read-back is counted in its ``errors`` and in
+:attr:`ReadBack.failures` (``stats()``'s ``read_back_failures``) and logged,
 but trips none of its breakers: a measurement is no request, and the
 requests' reads go on.
 

@@ -64,6 +64,10 @@ COUNTERS = (
     ("probes", "probed_blocks", "blocks read only to measure an unmeasured tier's load cost"),
     ("read_backs", "read_back_blocks",
      "blocks read back after stores to measure an unmeasured tier's load cost"),
+    ("read_back_failures", "read_back_failures",
+     "read-backs a fault of the tier ended, no sample taken (counted in its errors too)"),
+    ("kept_costs", "kept_costs",
+     "times the load cost an earlier process kept judged the tier slow, instead of a probe"),
     ("keep_refused", "keep_refused_blocks",
      "keep marks refused: beyond the tenant's retention budget (docs/tenants.md)"),
 )

@@ -186,3 +186,27 @@ def test_events_and_prometheus_show_the_read_back_cost(tmp_path: Path, sample_pl
     assert [x for x in text.splitlines() if x.startswith("kvtier_tier_load_samples{")] == [
         f'kvtier_tier_load_samples{{backend="sample-slow",namespace="{NS.hex}",'
         f'source="read-back",tier="slow"}} 1.0']
+
+
+def test_prometheus_shows_why_a_tier_was_declined_unread(
+    tmp_path: Path, sample_plugin: str
+) -> None:
+    """The process after the computing one declines the slow tier by the fit it kept: the
+    exposition says so (a kept cost, no probe, the fit's source), not only that it declined."""
+    config = _config(tmp_path / "slow", 1.0)
+    _computing_process(config, wait=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    with kvtier.open_chain({**config, "metrics": {"prometheus_port": port}}, NS,
+                           registry=BackendRegistry()) as chain:
+        assert chain.prefix_hits(KEYS) == 0
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=10).read().decode()
+    labels = f'backend="sample-slow",namespace="{NS.hex}",tier="slow"'
+    assert f"kvtier_tier_kept_costs_total{{{labels}}} 1.0" in text
+    assert f"kvtier_tier_declined_blocks_total{{{labels}}} 8.0" in text
+    assert f"kvtier_tier_probed_blocks_total{{{labels}}} 0.0" in text
+    assert (f'kvtier_tier_load_samples{{backend="sample-slow",namespace="{NS.hex}",'
+            f'source="kept read-back",tier="slow"}} 1.0') in text
+    assert f'kvtier_recompute_samples{{namespace="{NS.hex}",source="learned"}} 3.0' in text
