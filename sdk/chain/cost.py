@@ -262,11 +262,12 @@ class LoadDecision:
         """``load_policy`` (:meth:`describe`) and ``recompute`` (where its model came from)."""
         return {"load_policy": self.describe(), "recompute": self.recompute.summary()}
 
-    def block_recompute(self) -> tuple[float, str]:
-        """Expected seconds to recompute a block's tokens (0.0: no model), and the source."""
+    def block_recompute(self) -> tuple[float, str, int]:
+        """Expected seconds to recompute a block's tokens (0.0: no model), the model's
+        source, and the timed recomputes the learned model holds."""
         model = self.recompute.current()
         seconds = model.seconds(self.tokens_per_block) if model is not None else 0.0
-        return seconds, self.recompute.source
+        return seconds, self.recompute.source, self.recompute.learner.samples
 
     def close(self) -> None:
         """Keep what was learned (the chain closes): the recompute model, and what this

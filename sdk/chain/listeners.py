@@ -13,7 +13,8 @@ expected to take now (the 0.9 quantile of the tier's fitted read time,
 can weigh where a block lives, not only whether it is cached; and
 ``recompute_s``, what recomputing a block's tokens is expected to take (0.0
 without a model), with ``recompute_source`` (``configured``, ``learned`` or
-``none``, :mod:`kvtier.chain.learned_cost`): what ``load_s`` is weighed against;
+``none``, :mod:`kvtier.chain.learned_cost`) and ``recompute_samples`` (the timed
+recomputes a learned model holds): what ``load_s`` is weighed against;
 and ``load_source``, what measured the tier last (``load``, ``probe``,
 ``read-back``, ``kept ...`` for a fit an earlier process kept, or ``none``).
 """
@@ -55,6 +56,8 @@ class ChainEvent:
     recompute_source: str = "none"
     #: What measured the tier last (:attr:`kvtier.chain.cost.LoadCost.source`).
     load_source: str = "none"
+    #: Timed recomputes the learned model holds (``learned from N samples``).
+    recompute_samples: int = 0
 
 
 ChainListener = Callable[[ChainEvent], None]
@@ -64,10 +67,11 @@ class Listeners:
     """A thread-safe set of listeners; :meth:`emit` calls each in turn."""
 
     def __init__(self, block_load: Callable[[int], tuple[float, str]] | None = None,
-                 block_recompute: Callable[[], tuple[float, str]] | None = None) -> None:
+                 block_recompute: Callable[[], tuple[float, str, int]] | None = None) -> None:
         """``block_load(tier_index)``: ``load_s``, the tier's expected block load time, and
         ``load_source``, what measured it;
-        ``block_recompute()``: ``recompute_s`` and ``recompute_source``."""
+        ``block_recompute()``: ``recompute_s``, ``recompute_source`` and
+        ``recompute_samples``."""
         self._lock = threading.Lock()
         self._listeners: tuple[ChainListener, ...] = ()
         self._block_load = block_load
@@ -95,8 +99,11 @@ class Listeners:
         if not keys:
             return
         load = self._block_load(index) if self._block_load is not None else (0.0, "none")
-        redo = self._block_recompute() if self._block_recompute is not None else (0.0, "none")
-        event = ChainEvent(kind, tier, index, keys, reason, load[0], *redo, load[1])
+        redo = (self._block_recompute() if self._block_recompute is not None
+                else (0.0, "none", 0))
+        event = ChainEvent(kind, tier, index, keys, reason, load_s=load[0],
+                           recompute_s=redo[0], recompute_source=redo[1],
+                           load_source=load[1], recompute_samples=redo[2])
         for listener in listeners:
             try:
                 listener(event)

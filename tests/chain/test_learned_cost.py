@@ -226,6 +226,8 @@ def test_a_learned_model_declines_a_slow_tier_and_shows_where_it_came_from(
         chain.add_listener(events.append)
         assert chain.put(keys, [bytes([i]) * block for i in range(8)]) == [True] * 8
         assert chain.flush(30)
+        assert events and {(e.recompute_s, e.recompute_source, e.recompute_samples)
+                           for e in events} == {(0.0, "none", 0)}  # no model yet
         chain.tiers[0].evict(keys)
         assert chain.prefix_hits(keys) == 8  # nothing to weigh a load against: loaded
         assert chain.stats()["tiers"][1]["probes"] == 0
@@ -241,8 +243,8 @@ def test_a_learned_model_declines_a_slow_tier_and_shows_where_it_came_from(
         assert (slow["probes"], slow["declined"], slow["declined_tokens"]) == (2, 8, 128)
         events.clear()
         assert chain.evict(keys[:1]) == 1
-        assert [(e.tier, e.recompute_s, e.recompute_source) for e in events] == [
-            ("slow", pytest.approx(0.016), "learned")]
+        assert [(e.tier, e.recompute_s, e.recompute_source, e.recompute_samples)
+                for e in events] == [("slow", pytest.approx(0.016), "learned", 3)]
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                       timeout=10).read().decode()
         labels = f'namespace="{ns.hex}",source="learned"'

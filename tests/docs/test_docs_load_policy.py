@@ -75,5 +75,6 @@ def test_the_documented_prometheus_figures_are_the_exported_ones() -> None:
 def test_every_figure_an_event_carries_is_documented() -> None:
     what = {"kind", "tier", "tier_index", "keys", "reason"}  # which blocks moved where
     figures = {f.name for f in dataclasses.fields(ChainEvent)} - what
-    assert figures == {"load_s", "recompute_s", "recompute_source", "load_source"}
+    assert figures == {"load_s", "recompute_s", "recompute_source", "recompute_samples",
+                       "load_source"}
     assert figures - _named("Events") == set()
