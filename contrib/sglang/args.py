@@ -6,20 +6,24 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import click
 
-from kvtier.block.namespace import check_tenant
+from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import ChainConfig, load_config
+from kvtier.config.prefixes import check_prefix, prefix_from_text
 from kvtier.spec import ConfigError, KvtierError
 
 __all__ = [
     "BACKEND_CLASS",
     "BACKEND_MODULE",
     "BACKEND_NAME",
+    "PREFIX_FIELDS",
     "extra_config",
     "host_pool_gb",
+    "keep_prefix",
     "sglang_args",
     "sglang_args_command",
     "storage_chain",
@@ -32,6 +36,10 @@ BACKEND_CLASS = "KvtierStorage"
 #: Host-pool layouts whose pages are a few large regions (v1 stores one block
 #: per region): ``layer_first`` makes one block per layer and K/V instead.
 _LAYOUTS = ("page_first", "page_first_direct", "layer_first")
+
+#: What SGLang hashes into a page key besides the tokens: a ``keep_prefixes``
+#: entry's own fields (:mod:`.keep`).
+PREFIX_FIELDS = ("extra_key", "cache_salt")
 
 
 def storage_chain(chain: ChainConfig, *, keep_host_tier: bool = False) -> ChainConfig:
@@ -62,16 +70,34 @@ def host_pool_gb(chain: ChainConfig) -> int | None:
     return max(1, int(first.options["capacity"]) // 10**9)
 
 
+def keep_prefix(entry: Any, tenant: str | None = None) -> dict[str, Any]:
+    """A ``keep_prefixes`` entry for an engine of ``tenant`` (None: the default), checked
+    as the backend checks it, its ``token_ids_file`` absolute.
+
+    SGLang's storage calls carry no request, so a prefix named for another
+    tenant than the engine's would keep nothing: a ValueError says so, as it
+    says what else is wrong.
+    """
+    prefix, portable = check_prefix(entry, PREFIX_FIELDS)
+    engine = tenant or DEFAULT_TENANT
+    if prefix.tenant is not None and prefix.tenant != engine:
+        raise ValueError(f"tenant {prefix.tenant!r} is not the engine's ({engine!r}): every "
+                         "page SGLang stores is the engine's tenant's, so the prefix would "
+                         "keep nothing; name it in an engine of that tenant")
+    return portable
+
+
 def extra_config(
     config: str | os.PathLike[str], *, interface_v1: bool = True, keep_host_tier: bool = False,
-    tenant: str | None = None,
+    tenant: str | None = None, keep_prefixes: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """``--hicache-storage-backend-extra-config`` for the chain in YAML file ``config``.
 
     The file is validated first (a bad file raises :class:`~kvtier.spec.ConfigError`
     naming its line) and referred to by absolute path, since SGLang's ranks
     may start in another directory.  ``tenant`` is the engine's tenant:
-    every page it stores and reads is that tenant's.
+    every page it stores and reads is that tenant's.  ``keep_prefixes`` are
+    the prefixes it keeps, each checked by :func:`keep_prefix`.
     """
     absolute = os.path.abspath(os.fspath(config))
     storage_chain(load_config(absolute), keep_host_tier=keep_host_tier)
@@ -90,17 +116,26 @@ def extra_config(
             out["tenant"] = check_tenant(tenant)
         except ValueError as exc:
             raise ConfigError(str(exc), key="tenant") from exc
+    kept = []
+    for index, entry in enumerate(keep_prefixes):
+        try:
+            kept.append(keep_prefix(entry, tenant))
+        except ValueError as exc:
+            raise ConfigError(f"prefix {index}: {exc}", key="keep_prefixes") from exc
+    if kept:
+        out["keep_prefixes"] = kept
     return out
 
 
 def sglang_args(
     config: str | os.PathLike[str], *, layout: str = "page_first", interface_v1: bool = True,
-    tenant: str | None = None,
+    tenant: str | None = None, keep_prefixes: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
     """The ``sglang.launch_server`` arguments (a list, unquoted) for the chain in ``config``."""
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
-    extra = extra_config(config, interface_v1=interface_v1, tenant=tenant)
+    extra = extra_config(config, interface_v1=interface_v1, tenant=tenant,
+                         keep_prefixes=keep_prefixes)
     args = ["--enable-hierarchical-cache", "--hicache-mem-layout", layout]
     size_gb = host_pool_gb(load_config(extra["kvtier_config"]))
     if size_gb is not None:
@@ -134,13 +169,36 @@ def sglang_args(
     default=None,
     help="The engine's tenant: SGLang names none per request, so all its pages are this one's.",
 )
-def sglang_args_command(file: str, layout: str, use_v0: bool, tenant: str | None) -> None:
+@click.option(
+    "--keep-prefix",
+    "keep",
+    multiple=True,
+    metavar="SPEC",
+    help="A prefix the engine keeps (repeatable; the extra config's keep_prefixes): "
+         "KEY=VALUE pairs split by commas, keys name, tenant, token_ids (a JSON list) or "
+         "token_ids_file (a JSON file of one), extra_key, cache_salt; or the entry as a JSON "
+         "object.",
+)
+def sglang_args_command(
+    file: str, layout: str, use_v0: bool, tenant: str | None, keep: tuple[str, ...]
+) -> None:
     """Print the SGLang flags that make the chain in FILE HiCache's storage (L3)."""
+    if tenant is not None:
+        try:
+            check_tenant(tenant)
+        except ValueError as exc:
+            _fail(f"--tenant: {exc}")
+    prefixes = []
+    for text in keep:  # each checked here, so that an error names the option's value
+        try:
+            prefixes.append(keep_prefix(prefix_from_text(text), tenant))
+        except ValueError as exc:
+            _fail(f"--keep-prefix {text!r}: {exc}")
     try:
-        args = sglang_args(file, layout=layout, interface_v1=not use_v0, tenant=tenant)
+        args = sglang_args(file, layout=layout, interface_v1=not use_v0, tenant=tenant,
+                           keep_prefixes=prefixes)
     except KvtierError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc))
     click.echo("# python -m sglang.launch_server --model-path MODEL ... with:")
     click.echo(" ".join(shlex.quote(a) for a in args))
     if "--hicache-size" in args:
@@ -148,3 +206,8 @@ def sglang_args_command(file: str, layout: str, use_v0: bool, tenant: str | None
             "# the chain's leading host tier sizes SGLang's host pool (--hicache-size, GB per "
             "rank);\n# the storage chain starts below it, so no page is kept twice in RAM."
         )
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)

@@ -45,6 +45,8 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str
 
 from kvtier.config.prefixes import parse_prefixes
 
+from .args import PREFIX_FIELDS
+
 __all__ = ["KeepPrefix", "PageKeeper", "parse_keep_prefixes", "prefix_page_hashes"]
 
 log = logging.getLogger("kvtier.sglang")
@@ -70,7 +72,7 @@ def parse_keep_prefixes(value: Any) -> tuple[KeepPrefix, ...]:
     # SGLang reads an empty salt as none (RadixKey), so the prefix does too
     return tuple(KeepPrefix(e.name, e.tenant, e.token_ids, e.fields["extra_key"],
                             e.fields["cache_salt"] or None)
-                 for e in parse_prefixes(value, ("extra_key", "cache_salt")))
+                 for e in parse_prefixes(value, PREFIX_FIELDS))
 
 
 def prefix_page_hashes(prefix: KeepPrefix, page_size: int) -> list[str]:
