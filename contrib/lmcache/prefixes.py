@@ -11,7 +11,11 @@ from typing import Any
 
 from kvtier.config.prefixes import parse_prefixes
 
-__all__ = ["KeepPrefix", "parse_keep_prefixes"]
+__all__ = ["PREFIX_FIELDS", "KeepPrefix", "parse_keep_prefixes"]
+
+#: What an entry names besides its tokens: the salt LMCache keys its chunks
+#: with, and the one model whose chunks it keeps.
+PREFIX_FIELDS = ("cache_salt", "model_name")
 
 
 @dataclass(frozen=True)
@@ -34,4 +38,4 @@ def parse_keep_prefixes(value: Any) -> tuple[KeepPrefix, ...]:
     ValueError names what is wrong."""
     return tuple(KeepPrefix(e.name, e.tenant, e.token_ids, e.fields["cache_salt"] or "",
                             e.fields["model_name"] or None)
-                 for e in parse_prefixes(value, ("cache_salt", "model_name")))
+                 for e in parse_prefixes(value, PREFIX_FIELDS))

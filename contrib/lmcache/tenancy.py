@@ -41,7 +41,7 @@ from kvtier.chain.tenants import open_tenants
 from .keys import ObjectKeyLike, kvtier_key
 from .settings import AdapterSettings
 
-__all__ = ["LMCacheTenancy", "tenant_of_salt"]
+__all__ = ["LMCacheTenancy", "salt_tenant", "tenant_of_salt"]
 
 _DEFAULT = Namespace("-").tenant
 
@@ -52,6 +52,22 @@ def tenant_of_salt(salt: str) -> str:
         return Namespace("-", tenant=salt).tenant
     except ValueError:
         return "salt-" + hashlib.blake2b(salt.encode(), digest_size=8).hexdigest()
+
+
+def salt_tenant(tenants: str | Mapping[str, str] | None, shared: frozenset[str],
+                salt: str) -> str | None:
+    """The tenant whose namespace holds the keys of ``salt`` under the adapter's
+    ``tenants`` and ``shared_tenants`` (a shared one's: the default tenant's), or None
+    where ``salt`` names none (its keys are the adapter's own tenant's)."""
+    if tenants is None or not salt:
+        return None
+    if tenants == "salt":
+        tenant = tenant_of_salt(salt)
+    elif isinstance(tenants, Mapping) and salt in tenants:
+        tenant = tenants[salt]
+    else:
+        return None
+    return _DEFAULT if tenant in shared else tenant
 
 
 class LMCacheTenancy:
@@ -76,15 +92,7 @@ class LMCacheTenancy:
 
     def tenant(self, salt: str) -> str | None:
         """The tenant named by ``salt`` (its namespace's), or None where none is named."""
-        if self._by_salt is None or not salt:
-            return None
-        if self._by_salt == "salt":
-            tenant = tenant_of_salt(salt)
-        elif isinstance(self._by_salt, Mapping) and salt in self._by_salt:
-            tenant = self._by_salt[salt]
-        else:
-            return None
-        return _DEFAULT if tenant in self._shared else tenant
+        return salt_tenant(self._by_salt, self._shared, salt)
 
     def tenant_of(self, salt: str) -> str:
         """The tenant whose chain holds the keys of ``salt``."""
