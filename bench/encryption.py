@@ -30,6 +30,7 @@ import numpy as np
 import kvtier
 import kvtier.chain
 from kvtier.chain.tenants import open_tenants
+from kvtier.tierbench.ceilings import drop_page_cache  # what kvtier bench drops by
 
 BLOCK = 2 << 20
 BATCH = 16
@@ -45,16 +46,6 @@ def aligned(size: int) -> np.ndarray:
 
 def files_under(root: Path) -> list[Path]:
     return [Path(d) / n for d, _, names in os.walk(root) for n in names if n.endswith(".kvb")]
-
-
-def drop_cache(root: Path) -> None:
-    os.sync()
-    for path in files_under(root):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def warm_cache(root: Path) -> None:
@@ -97,7 +88,10 @@ def main() -> None:
                     assert all(chain.put(keys[lo : lo + BATCH], blocks[lo : lo + BATCH]))
                 times[name]["put"].append(time.perf_counter() - start)
                 for label in ("get uncached", "get cached"):
-                    drop_cache(root) if label == "get uncached" else warm_cache(root)
+                    if label == "get uncached":
+                        drop_page_cache(files_under(root))
+                    else:
+                        warm_cache(root)
                     start = time.perf_counter()
                     for lo in range(0, args.blocks, BATCH):
                         assert all(chain.get(keys[lo : lo + BATCH], outs[lo : lo + BATCH]))
