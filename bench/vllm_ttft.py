@@ -3,7 +3,7 @@
     python bench/vllm_ttft.py [--tokens 2048] [--layers 8] [--hidden 1024]
         [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
         [--warm-cache] [--workdir DIR] [--io-threads 16] [--object [--object-heads]]
-        [--torch-copy]
+        [--torch-copy] [--object-no-idle-sleep]
 
 Builds a random Llama (fp32, no tokenizer), then runs every engine in a
 process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -48,6 +48,10 @@ chart as an SVG to ``bench/charts/vllm-ttft-phases.svg``, and as a PNG
 (``vllm-ttft-phases.png`` in the work folder) where matplotlib is installed.
 ``--torch-copy`` adds ``kvtier-fs-torch-copy``: the same tier with the CPU
 worker copying with torch's ``copy_`` (its copy before numpy's).
+``--object-no-idle-sleep`` (with ``--object``) adds
+``kvtier-object-no-idle-sleep``: the object tier with the scheduler's idle
+sleep off (``kvtier.contrib.vllm.yielding.IDLE_SLEEP = 0``, each step only
+yields), the tier as it was before the sleep, timed in the same run.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ TAG = "VLLM-TTFT "
 TORCH_COPY = "kvtier-fs-torch-copy"
 #: the object tier with ``lookup_index: 0``: a HEAD per block at lookup (``--object-heads``)
 OBJECT_HEADS = "kvtier-object-heads"
+#: the object tier with the scheduler's idle sleep off (``--object-no-idle-sleep``)
+OBJECT_NO_IDLE = "kvtier-object-no-idle-sleep"
 
 
 def child(args: argparse.Namespace) -> None:
@@ -105,7 +111,7 @@ def child(args: argparse.Namespace) -> None:
             extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
         if args.mode in ("store", "kvtier-fs", TORCH_COPY):
             extra["kvtier_config"] = args.kvtier_config
-        if args.mode == "kvtier-object":
+        if args.mode in ("kvtier-object", OBJECT_NO_IDLE):
             extra["kvtier_config"] = args.kvtier_object_config
         if args.mode == OBJECT_HEADS:
             extra["kvtier_config"] = args.kvtier_object_config.replace(".yaml", "-heads.yaml")
@@ -113,6 +119,10 @@ def child(args: argparse.Namespace) -> None:
         from kvtier.contrib.vllm import worker
 
         worker._copy = lambda dst, src: dst.copy_(src)
+    if args.mode == OBJECT_NO_IDLE:  # each idle step only yields, as before the sleep
+        from kvtier.contrib.vllm import yielding
+
+        yielding.IDLE_SLEEP = 0.0
     llm = LLM(
         **engine_args(args.model, args.tokens),
         kv_transfer_config=(
@@ -192,6 +202,8 @@ def main() -> None:
                         help="also time an object tier on a local SeaweedFS")
     parser.add_argument("--object-heads", action="store_true",
                         help=f"with --object, also time {OBJECT_HEADS}: lookup_index 0")
+    parser.add_argument("--object-no-idle-sleep", action="store_true",
+                        help=f"with --object, also time {OBJECT_NO_IDLE}: no idle sleep")
     parser.add_argument("--torch-copy", action="store_true",
                         help=f"also time {TORCH_COPY}: the CPU worker copying with torch")
     args = parser.parse_args()
@@ -259,6 +271,8 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
         modes.append(("kvtier-object", None))
     if args.object and args.object_heads:
         modes.append((OBJECT_HEADS, None))
+    if args.object and args.object_no_idle_sleep:
+        modes.append((OBJECT_NO_IDLE, None))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode, _ in modes}
     # the medium alone, the same bytes: the tier's block files, and one file of their size
     blocks = sorted(p for p in kvtier_dir.rglob("*") if p.is_file() and p.stat().st_size >= 1 << 20)

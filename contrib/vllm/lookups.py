@@ -65,6 +65,10 @@ class LookupVerdicts:
         """Whether a lookup job is in the chain (a request waits on its answer)."""
         return bool(self._in_flight)
 
+    def in_flight(self) -> list[int]:
+        """The chain jobs of the lookups in flight."""
+        return list(self._in_flight)
+
     def answer(self, key: bytes, now: float) -> Any:
         """vLLM's ``LookupResult`` for ``key`` now; ``RETRY`` queues a question to the chain."""
         probe = self._probes.get(key)

@@ -231,6 +231,13 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         """Whether a request waits on this tier (a lookup or a load in flight)."""
         return self._verdicts.waiting or any(job.load for job in self._jobs.values())
 
+    def _wait_reads(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the loads and lookups in flight to land."""
+        with self._lock:
+            ids = [i for i, job in self._jobs.items() if job.load] + self._verdicts.in_flight()
+        if ids:  # returns once they landed: the loop polls them at once
+            self._tenancy.router.wait(ids, timeout)
+
     # the chain -----------------------------------------------------------------------
     def _open_chain(self) -> Chain:
         return self._tenancy.open_own()  # one of the tenants' chains, listened to
@@ -302,7 +309,7 @@ class KvtierTier(SecondaryTierManager):  # type: ignore[misc, unused-ignore]
         with self._lock:
             waiting = self._waiting_reads()
         if waiting:
-            self._step_yield()  # .yielding: let the reads run; sleep a little if idle
+            self._step_yield(self._wait_reads)  # .yielding: let the reads run; wait if idle
         now = time.monotonic()
         with self._lock:
             self._timer.step()  # what this step scheduled is computed after it
