@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import deprecated, hookspecs
 from .base import BlockStore, Deadlines, Evicted, Expire, GetInto, Keep, PutParts, Scan, Tamper
-from .batch import Failed, check_batch, first_positions, map_batch, run_batch
+from .batch import Failed, check_batch, earliest_deadlines, first_positions, map_batch, run_batch
 from .errors import (
     BackendError,
     ClosedError,
@@ -75,6 +75,7 @@ __all__ = [
     "VersionMismatchError",
     "check_batch",
     "deprecated",
+    "earliest_deadlines",
     "first_positions",
     "hookimpl",
     "hookspec",

@@ -8,11 +8,12 @@ key, and one batch spread over a thread pool with failures caught per item.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Failed", "check_batch", "first_positions", "map_batch", "run_batch"]
+__all__ = ["Failed", "check_batch", "earliest_deadlines", "first_positions", "map_batch",
+           "run_batch"]
 
 E = TypeVar("E", bound=BaseException)
 T = TypeVar("T")
@@ -43,6 +44,24 @@ def first_positions(keys: Sequence[bytes]) -> dict[bytes, int]:
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     return first
+
+
+def earliest_deadlines(
+    known: MutableSequence[float | None],
+    answer: Iterable[float | None],
+    at: Iterable[int] | None = None,
+) -> None:
+    """Join one ``kvtier_deadlines`` answer into ``known``: per key the fewer seconds left.
+
+    For a store over several (a chain's tiers, a backend's servers): a block
+    expires at the earliest deadline any of them holds, so that is what the
+    whole answers.  ``at`` places each answer in ``known``, for an answer
+    about part of the batch (in order by default); None knows no deadline.
+    """
+    for i, left in zip(range(len(known)) if at is None else at, answer):
+        mine = known[i]
+        if left is not None and (mine is None or left < mine):
+            known[i] = left
 
 
 def map_batch(

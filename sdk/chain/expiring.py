@@ -37,6 +37,7 @@ from kvtier.chain.arguments import check_keys
 from kvtier.chain.tier import Tier
 from kvtier.chain.traffic import Traffic
 from kvtier.plugins.options import parse_duration
+from kvtier.spec import earliest_deadlines
 
 __all__ = ["Deadlines", "deadline_seconds", "deadlines_left", "expire_tiers", "per_key",
            "set_deadline"]
@@ -78,12 +79,8 @@ def deadlines_left(chain: _Chain, keys: Sequence[bytes]) -> list[float | None]:
     None where no tier that answers holds one."""
     out: list[float | None] = [None] * len(keys)
     for tier in chain.tiers:
-        if not keys or not tier.handle.implements("kvtier_deadlines"):
-            continue
-        for i, left in enumerate(_left(tier, keys) or ()):
-            mine = out[i]
-            if left is not None and (mine is None or left < mine):
-                out[i] = left
+        if keys and tier.handle.implements("kvtier_deadlines"):
+            earliest_deadlines(out, _left(tier, keys) or ())
     return out
 
 

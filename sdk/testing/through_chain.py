@@ -19,7 +19,15 @@ from typing import Any
 
 from kvtier import Chain, Namespace, open_chain
 from kvtier.plugins.registry import BackendHandle
-from kvtier.spec import BytesLike, Capabilities, ClosedError, KvtierError, Option, hookimpl
+from kvtier.spec import (
+    BytesLike,
+    Capabilities,
+    ClosedError,
+    KvtierError,
+    Option,
+    earliest_deadlines,
+    hookimpl,
+)
 from kvtier.testing.groups import CHAIN_OF_ONE
 from kvtier.testing.resolve import resolve_backend
 
@@ -149,10 +157,7 @@ class ChainAsBackend:
         # the chain has no call for it: the earliest its tiers answer, as a peer server does
         out: list[float | None] = [None] * len(keys)
         for tier in self._live().tiers:
-            for i, left in enumerate(tier.handle.deadlines(keys)):
-                known = out[i]
-                if left is not None and (known is None or left < known):
-                    out[i] = left
+            earliest_deadlines(out, tier.handle.deadlines(keys))
         return out
 
 
