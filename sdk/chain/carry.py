@@ -27,6 +27,22 @@ Where a deadline is learned:
 Both known, the earlier holds, as at any tier.  Keep marks do not move: a
 kept block is no capacity victim, so it is never demoted, and a promotion's
 source keeps its mark (docs/tenants.md, "Keep").
+
+A deadline belongs to the block as stored: a block stored again after it
+left has none, while a put of a key still stored is no change to it (the
+copy the put stores gets the deadline too, in the traffic's settle).  So
+the record forgets a key when its block leaves, as far as the chain can
+tell: at a caller's evict (every tier evicts it), and at a put
+(:meth:`DeadlineRecord.stored_again`, before the put stores) where the
+deadline has passed (every tier that held the block expired it) or where
+no tier holds the block nor is a copy on its way to one
+(:func:`held_anywhere`).  Only a key with a deadline still ahead costs a
+look-up at the tiers, only while the record knows one: a chain that sets
+no deadlines puts with no more than a check that the record is empty.  A
+tier that cannot answer may hold the block, so it keeps its deadline.  Not
+found out: a block that left without this chain's evict (a tier's own
+expiry, another process's evict) and that another process stored again in
+a shared tier; its copies here take the recorded deadline until it passes.
 """
 
 from __future__ import annotations
@@ -34,11 +50,12 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from kvtier.chain.queue import Queued
 from kvtier.chain.tier import Tier
 
-__all__ = ["RECORD_LIMIT", "DeadlineRecord", "Times", "asks", "carry", "learn"]
+__all__ = ["RECORD_LIMIT", "DeadlineRecord", "Times", "asks", "carry", "held_anywhere", "learn"]
 
 #: Deadlines the chain remembers at most; beyond it the soonest are forgotten,
 #: and from then on tiers of this process alone are asked too.
@@ -91,6 +108,43 @@ class DeadlineRecord:
                 if self._at.get(key) == at:
                     del self._at[key]
 
+    def drop(self, keys: Sequence[bytes]) -> None:
+        """Forget ``keys``' deadlines: their blocks left every tier (a caller's evict)."""
+        if not self._at:
+            return
+        with self._lock:
+            for key in keys:
+                self._at.pop(key, None)
+
+    def stored_again(
+        self, keys: Sequence[bytes], held: Callable[[list[bytes]], Sequence[bool]]
+    ) -> None:
+        """Before a put of ``keys``: forget the deadlines of those whose block is gone.
+
+        Gone where its deadline has passed, or where ``held`` (asked about
+        the keys whose deadline is still ahead) says no tier holds it: the
+        put stores a new block, which has none.  A key still held keeps
+        its deadline, as the put is no change to its block.
+        """
+        if not self._at:  # the common case: no deadline in this process
+            return
+        now = time.monotonic()
+        ahead: list[tuple[bytes, float]] = []
+        with self._lock:
+            for key in keys:
+                at = self._at.get(key)
+                if at is not None and at <= now:
+                    del self._at[key]  # its heap entry goes stale: skipped
+                elif at is not None:
+                    ahead.append((key, at))
+        if not ahead:
+            return
+        flags = held([key for key, _ in ahead])  # outside the lock: it asks the tiers
+        with self._lock:
+            for (key, at), flag in zip(ahead, flags, strict=True):
+                if not flag and self._at.get(key) == at:  # unless set again meanwhile
+                    del self._at[key]
+
     def known(self, keys: Sequence[bytes]) -> Times | None:
         """``keys``' deadlines (past ones too, for a while); None where none is known."""
         if not self._at:  # the common case: no deadline in this process
@@ -106,6 +160,25 @@ class DeadlineRecord:
             when, key = heapq.heappop(soonest)
             if at.get(key) == when:
                 del at[key]
+
+
+def held_anywhere(tiers: Sequence[Tier], queued: Queued, keys: list[bytes]) -> list[bool]:
+    """Per key, whether some tier holds its block or a copy is on its way to one; True
+    where a tier that cannot answer (failed, backed off) was left to ask."""
+    on_the_way = queued.snapshot(keys)
+    out = [key in on_the_way for key in keys]
+    for tier in tiers:
+        ask = [i for i, flag in enumerate(out) if not flag]
+        if not ask:
+            break
+        answer = _lookup(tier, [keys[i] for i in ask])
+        for i, flag in zip(ask, answer or [True] * len(ask), strict=True):
+            out[i] = bool(flag)
+    return out
+
+
+def _lookup(tier: Tier, keys: list[bytes]) -> Sequence[bool] | None:
+    return tier._call("lookup", lambda: tier.handle.lookup(keys), len(keys))
 
 
 def asks(record: DeadlineRecord, source: Tier) -> bool:

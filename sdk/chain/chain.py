@@ -30,6 +30,7 @@ from time import perf_counter
 from typing import Any, Literal
 
 from kvtier.block import framing
+from kvtier.block.buffers import joined
 from kvtier.block.namespace import Namespace
 from kvtier.chain import catalog
 from kvtier.chain.arguments import byte_views, check_keys, writable
@@ -54,13 +55,6 @@ log = logging.getLogger("kvtier.chain")
 Step = Callable[[int, Tier, list[int]], Sequence[bool]]
 #: How often a read walks the tiers for keys that moved down while it walked.
 _READ_WALKS = 3
-
-
-def _one_frame(parts: Sequence[BytesLike]) -> BytesLike:
-    """A frame from its parts; one already joined into ``bytes`` is not copied again."""
-    if len(parts) == 1 and isinstance(parts[0], bytes):
-        return parts[0]
-    return b"".join(parts)
 
 
 def _frames(index: int, offered: list[int]) -> list[framing.Checked | None] | None:
@@ -205,6 +199,7 @@ class Chain(Retention):
         keys = check_keys(keys)
         payloads = byte_views(blocks, len(keys))
         self._saw("put", keys)
+        self._traffic.storing(keys)  # a block stored again after it left: no deadline
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys = [keys[i] for i in offered]
@@ -218,7 +213,7 @@ class Chain(Retention):
 
             def frame_below(j: int) -> BytesLike:
                 if same:
-                    return _one_frame(frames[j])
+                    return joined(frames[j])  # one part already bytes: not copied
                 codec = self.tiers[index + 1].codec
                 return framing.encode(self._ns, sub_keys[j], payloads[offered[j]], codec)
 
@@ -241,6 +236,7 @@ class Chain(Retention):
         self._check_open()
         keys = check_keys(keys)
         byte_views(blobs, len(keys))  # only to name a mistake: recode takes the blobs
+        self._traffic.storing(keys)
 
         def step(index: int, tier: Tier, offered: list[int]) -> list[bool]:
             sub_keys, sub_blobs = [keys[i] for i in offered], [blobs[i] for i in offered]
@@ -452,6 +448,7 @@ class Chain(Retention):
             for i, flag in enumerate(flags):
                 removed[i] = removed[i] or flag
             self._emit("removed", index, (k for k, f in zip(keys, flags) if f), "evict")
+        self._traffic.deadlines.drop(keys)  # gone from every tier: a put again has none
         return removed
 
     # events -----------------------------------------------------------------------

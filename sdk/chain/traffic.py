@@ -16,6 +16,7 @@ chain: the walk calls the traffic, not the other way round.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +25,7 @@ from typing import Literal
 
 from kvtier.block import framing
 from kvtier.block.framing import Checked, Codec, Header
-from kvtier.chain.carry import DeadlineRecord, Times, asks, carry, learn
+from kvtier.chain.carry import DeadlineRecord, Times, asks, carry, held_anywhere, learn
 from kvtier.chain.queue import Backlog, DemotionSink, Pending, Queued
 from kvtier.chain.tier import Evicted, Tier
 from kvtier.policies.admission import Admission
@@ -105,6 +106,13 @@ class Traffic:
     def _keeps_unsaved(self, index: int) -> bool:
         return self._writes_back(index) and not self.tiers[index].capabilities.persistent
 
+    def storing(self, keys: Sequence[bytes]) -> None:
+        """A caller's put of ``keys``, before it stores: a key whose block left every tier
+        starts without a deadline (:meth:`DeadlineRecord.stored_again`)."""
+        if self.deadlines:  # none set: nothing to forget (the common case)
+            self.deadlines.stored_again(
+                keys, functools.partial(held_anywhere, self.tiers, self.queued))
+
     # settling writes --------------------------------------------------------------
     def settle(
         self,
@@ -124,8 +132,13 @@ class Traffic:
         to the tier below when its policy asks (``frame_below(j)`` is the
         frame for ``keys[j]``; ``verify``: whether the tier below checks its
         checksum, see :meth:`Tier.put_blobs`).  Promoted copies go no further
-        down: they came from there.
+        down: they came from there.  A caller's put of a block still held with a
+        deadline (:meth:`storing` kept it) gives it that deadline here too.
         """
+        if kind == "put" and self.deadlines:  # none set: nothing to give (the common case)
+            known = self.deadlines.known(keys)
+            if known is not None:
+                flags = carry(self.tiers[index], keys, flags, known)
         stored = [j for j, flag in enumerate(flags) if flag]
         if kind != "promote":
             self.unsaved.mark(index, (keys[j] for j in stored), True)
