@@ -75,6 +75,7 @@ from kvtier.spec import (
     Option,
     ProtocolError,
     RefusedError,
+    earliest_deadlines,
 )
 from kvtier.spec.base import Deadlines, Evicted, Expire, GetInto, Keep, PutParts
 from kvtier.spec.shared import CONCURRENCY, CONNECT_TIMEOUT, TIMEOUT, but
@@ -354,10 +355,7 @@ class PeerBackend(PutParts, GetInto, Keep, Expire, Deadlines):
         def done(call: _Call, reply: pp.Reply, payload: Payload) -> list[int]:
             if reply.left is None or len(reply.left) != len(call.indices):
                 raise ProtocolError("DEADLINES reply does not match its keys")
-            for i, left in zip(call.indices, reply.left):
-                known = result[i]
-                if left is not None and (known is None or left < known):
-                    result[i] = left
+            earliest_deadlines(result, reply.left, call.indices)
             return []
 
         self._dispatch("deadlines", keys, list(range(len(keys))), build, done, None)
