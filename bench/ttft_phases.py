@@ -29,23 +29,27 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-from page_cache import drop_file, drop_page_cache  # the tests' helper: one copy of it
+from kvtier.tierbench.ceilings import drop_page_cache as drop_files  # what kvtier bench drops by
 
-__all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "drop_file", "drop_page_cache",
+__all__ = ["PHASES", "ascii_chart", "breakdown", "draw", "drop_page_cache",
            "medium_read", "object_read", "one_file", "pieces", "svg_chart"]
 
 PHASES = ("vllm to lookup", "lookup", "job queue", "reads", "checks", "until polled",
           "vllm to copy", "to device", "compute")
 _ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def drop_page_cache(root: str | os.PathLike[str]) -> None:
+    """Push every file under ``root`` out of the page cache (fsync, then
+    ``POSIX_FADV_DONTNEED``: :func:`kvtier.tierbench.ceilings.drop_page_cache`)."""
+    drop_files([Path(folder, name) for folder, _, names in os.walk(root) for name in names])
 
 
 def breakdown(spans: Iterable[Any], t0: float, t1: float) -> dict[str, float] | None:
@@ -111,8 +115,7 @@ def medium_read(reads: Sequence[tuple[str, int, int]], threads: int) -> float:
     Each thread reads into a page-aligned buffer of its own; a file is
     dropped from the page cache (fsync, ``POSIX_FADV_DONTNEED``) first.
     """
-    for path in {p for p, _, _ in reads}:
-        drop_file(path)
+    drop_files(sorted({Path(p) for p, _, _ in reads}))
     longest = max(n for _, _, n in reads)
     todo = iter(reads)
     lock = threading.Lock()

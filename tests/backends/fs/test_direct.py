@@ -13,16 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 from fs_blocks import open_fs, store_of
-from page_cache import drop_file, drop_page_cache
 
 from kvtier import Namespace, open_chain
 from kvtier.backends.fs import direct as fs_direct
 from kvtier.backends.fs.direct import DIRECT_MIN
 from kvtier.block.framing import ALIGN, ALIGN_MIN
 from kvtier.plugins.registry import BackendHandle
+from kvtier.tierbench.ceilings import drop_page_cache
 
 #: Sizes around the direct threshold and the 4 KiB alignment, and a typical 2 MiB chunk.
 SIZES = (DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, (1 << 20) + 13, 2 << 20, 3 * 4096 * 100 - 7)
+
+
+def drop_blocks(root: Path) -> None:
+    """Push the block files under ``root`` out of the page cache, so a read reaches the disk."""
+    drop_page_cache(sorted(root.rglob("*.kvb")))
 
 
 def blob(size: int, seed: int) -> bytes:
@@ -75,7 +80,7 @@ def test_large_blocks_are_read_direct_and_exact(
     keys = [f"direct-{n}".encode() for n in SIZES]
     blocks = [blob(n, 1) for n in SIZES]
     assert all(tier.put(keys, blocks, []))
-    drop_page_cache(tmp_path / "store", ".kvb")
+    drop_blocks(tmp_path / "store")
     log = PreadvLog(monkeypatch)
     outs, lists = scatter_lists(list(SIZES))
     assert list(tier.get_into(keys, lists)) == list(SIZES)
@@ -102,7 +107,7 @@ def test_cached_blocks_are_read_from_the_page_cache_into_the_callers_buffers(
     assert all(tier.put(keys, blocks, []))
     # "hot" is read through the page cache (a direct write left it out), "cold" leaves it
     assert Path(store.path(b"hot")).read_bytes() == blocks[0]
-    drop_file(store.path(b"cold"))
+    drop_page_cache([Path(store.path(b"cold"))])
     log = PreadvLog(monkeypatch)
     for key, data in zip(keys, blocks):
         outs, lists = scatter_lists([len(data)])
@@ -153,7 +158,7 @@ def test_filesystem_refusing_o_direct_falls_back(
     tried = []
     for _ in range(2):  # both passes are exact
         # cached files would be read without trying O_DIRECT
-        drop_page_cache(tmp_path / "store", ".kvb")
+        drop_blocks(tmp_path / "store")
         outs, lists = scatter_lists(list(SIZES))
         assert list(tier.get_into(keys, lists)) == list(SIZES)
         assert [bytes(o) for o in outs] == blocks
@@ -174,7 +179,7 @@ def test_parallel_direct_reads_use_a_buffer_per_thread(
     for attempt in range(3):
         if attempt:
             # the first pass reads the page cache, the rest the disk
-            drop_page_cache(tmp_path / "store", ".kvb")
+            drop_blocks(tmp_path / "store")
         outs, lists = scatter_lists(sizes)
         assert list(tier.get_into(keys, lists)) == sizes
         assert [bytes(o) for o in outs] == blocks
@@ -209,7 +214,7 @@ def test_a_chain_reads_payloads_straight_into_aligned_memory(
         assert chain.put(keys, payloads) == [True] * 5
         if chain.tiers[0].handle.instance._store.direct_min == 0:
             pytest.skip("the backend did not enable O_DIRECT here")
-        drop_page_cache(tmp_path / "kv", ".kvb")
+        drop_blocks(tmp_path / "kv")
         log = PreadvLog(monkeypatch)
         tail = bytearray(odd)
         assert chain.get(keys, [*rows, memoryview(tail)]) == [True] * 5
