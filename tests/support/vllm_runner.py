@@ -42,7 +42,7 @@ def kvtier_metrics(llm: Any) -> dict[str, float]:
         if not metric.name.startswith("vllm:kv_offload_kvtier_"):
             continue
         labels = {k: v for k, v in metric.labels.items()
-                  if k in ("kvtier_tier", "result", "outcome", "reason", "kind")}
+                  if k in ("kvtier_tier", "result", "outcome", "reason", "kind", "source")}
         label = ",".join(f"{v}" for _, v in sorted(labels.items()))
         value = getattr(metric, "value", None)
         if isinstance(value, (int, float)):
@@ -62,9 +62,11 @@ def local_stats() -> list[dict[str, Any]] | None:
             "chain": {
                 t["name"]: {k: t[k] for k in ("hits", "misses", "corrupt", "errors", "puts",
                                               "bytes_in", "bytes_out", "healthy", "probes",
-                                              "declined")}
+                                              "declined", "declined_tokens", "kept_costs",
+                                              "read_backs", "read_back_failures")}
                 for t in tier.chain_stats()["tiers"]
             },
+            "recompute": tier.chain_stats()["recompute"],  # the load decision's model
             "adapter": tier.adapter_stats(),
         }
         for tier in live_tiers()
