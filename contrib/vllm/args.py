@@ -13,24 +13,28 @@ import json
 import math
 import os
 import pprint
+import shlex
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import click
 
 from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import ChainConfig, load_config
+from kvtier.config.prefixes import check_prefix, prefix_from_text
 from kvtier.spec import ConfigError, KvtierError
 
 __all__ = [
     "CACHE_POLICY_MODULE",
     "DEFAULT_PRIMARY_BYTES",
+    "PREFIX_FIELDS",
     "SPEC_MODULE",
     "SPEC_NAME",
     "TIER_MODULE",
     "TIER_TYPE",
     "complete_extra_config",
+    "keep_prefix",
     "kv_transfer_config",
     "primary_settings",
     "secondary_chain_config",
@@ -48,6 +52,10 @@ DEFAULT_PRIMARY_BYTES = 1 << 30
 
 #: The module of kvtier's policies for vLLM's CPU tier (``cache_policy_module_path``).
 CACHE_POLICY_MODULE = "kvtier.contrib.vllm.cache_policy"
+
+#: What vLLM hashes into a block's key besides the tokens: a ``keep_prefixes``
+#: entry's own fields (:mod:`.keep_prefixes`).
+PREFIX_FIELDS = ("cache_salt",)
 
 #: vLLM's ``eviction_policy`` for each kvtier host ``eviction``: vLLM's
 #: built-in ``lru`` and ``arc``, and kvtier's own policies (classes of
@@ -153,6 +161,25 @@ def complete_extra_config(extra: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def keep_prefix(entry: Any, tenant: str | None = None, *,
+                trust_client_tenant: bool | None = None) -> dict[str, Any]:
+    """A ``keep_prefixes`` entry for a tier of ``tenant`` (None: the default), checked
+    as the tier checks it, its ``token_ids_file`` absolute.
+
+    A tier that ignores clients' tenants (``trust_client_tenant=False``) sees every
+    request as its own tenant's, so a prefix named for another would keep nothing: a
+    ValueError says so, as it says what else is wrong.  A tier that trusts them may
+    be sent any tenant's requests.
+    """
+    prefix, portable = check_prefix(entry, PREFIX_FIELDS)
+    engine = tenant or DEFAULT_TENANT
+    if trust_client_tenant is False and prefix.tenant not in (None, engine):
+        raise ValueError(f"tenant {prefix.tenant!r} is not the engine's ({engine!r}): an "
+                         "engine that ignores clients' tenants serves its own only, so the "
+                         "prefix would keep nothing; name it in an engine of that tenant")
+    return portable
+
+
 def kv_transfer_config(
     path: str | os.PathLike[str],
     *,
@@ -162,6 +189,7 @@ def kv_transfer_config(
     tenant: str | None = None,
     trust_client_tenant: bool | None = None,
     shared_tenants: list[str] | None = None,
+    keep_prefixes: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """vLLM's ``kv_transfer_config`` (as a dict) that offloads to the chain in ``path``.
 
@@ -169,7 +197,8 @@ def kv_transfer_config(
     run from another directory.  Use it as ``KVTransferConfig(**result)`` or
     ``--kv-transfer-config "$(json)"``.  ``tenant``, ``trust_client_tenant``
     and ``shared_tenants`` are the tier's tenant options
-    (:class:`~kvtier.contrib.vllm.tier_options.TierOptions`), set where given.
+    (:class:`~kvtier.contrib.vllm.tier_options.TierOptions`), set where given;
+    ``keep_prefixes`` the prefixes it keeps, each checked by :func:`keep_prefix`.
     """
     absolute = os.path.abspath(os.fspath(path))
     chain = load_config(absolute)
@@ -187,6 +216,14 @@ def kv_transfer_config(
         except ValueError as exc:
             raise ConfigError(str(exc), key="tenant") from exc
     tier.update((k, v) for k, v in tenancy.items() if v is not None)
+    kept = []
+    for index, entry in enumerate(keep_prefixes):
+        try:
+            kept.append(keep_prefix(entry, tenant, trust_client_tenant=trust_client_tenant))
+        except ValueError as exc:
+            raise ConfigError(f"prefix {index}: {exc}", key="keep_prefixes") from exc
+    if kept:
+        tier["keep_prefixes"] = kept
     extra: dict[str, Any] = {
         "spec_name": SPEC_NAME,
         "spec_module_path": SPEC_MODULE,
@@ -257,21 +294,38 @@ def _python_literal(config: Mapping[str, Any]) -> str:
     help="Every request is --tenant's, whatever its kv_transfer_params say (no trusted "
          "gateway in front of the engine).",
 )
+@click.option(
+    "--keep-prefix",
+    "keep",
+    multiple=True,
+    metavar="SPEC",
+    help="A prefix the tier keeps (repeatable; its keep_prefixes): KEY=VALUE pairs split "
+         "by commas, keys name, tenant, token_ids (a JSON list) or token_ids_file (a JSON "
+         "file of one), cache_salt; or the entry as a JSON object.",
+)
 def vllm_args_command(file: str, fmt: str, cpu_bytes: int | None, model_name: str | None,
-                      tenant: str | None, ignore_client_tenants: bool) -> None:
+                      tenant: str | None, ignore_client_tenants: bool,
+                      keep: tuple[str, ...]) -> None:
     """Print the vLLM settings that offload KV cache to the chain in FILE.
 
     A leading host tier sizes vLLM's own CPU tier instead of becoming a second
     copy in RAM; the tiers below it become one vLLM secondary tier.
     """
+    trust = False if ignore_client_tenants else None
+    prefixes = []
+    for text in keep:  # each checked here, so that an error names the option's value
+        try:
+            prefixes.append(keep_prefix(prefix_from_text(text), tenant,
+                                        trust_client_tenant=trust))
+        except ValueError as exc:
+            _fail(f"--keep-prefix {text!r}: {exc}")
     try:
         config = kv_transfer_config(
             file, cpu_bytes_to_use=cpu_bytes, model_name=model_name, tenant=tenant,
-            trust_client_tenant=False if ignore_client_tenants else None,
+            trust_client_tenant=trust, keep_prefixes=prefixes,
         )
     except KvtierError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc))
     flag = json.dumps(config, separators=(",", ":"))
     if fmt == "json":
         click.echo(flag)
@@ -280,7 +334,12 @@ def vllm_args_command(file: str, fmt: str, cpu_bytes: int | None, model_name: st
         click.echo(_python_literal(config))
         return
     click.echo("# vllm serve MODEL ... with:")
-    click.echo(f"--kv-transfer-config '{flag}'")
+    click.echo(f"--kv-transfer-config {shlex.quote(flag)}")  # a prefix's name may hold a '
     click.echo("")
     click.echo("# or, in Python:")
     click.echo(_python_literal(config))
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)

@@ -50,6 +50,7 @@ from kvtier.block.namespace import DEFAULT_TENANT
 from kvtier.config.prefixes import parse_prefixes
 
 from ._compat import offload_block_hash, offloading_fields, prefix_block_hashes
+from .args import PREFIX_FIELDS
 from .hints import _WAIT_S, Keeper, RequestHints
 from .keys import chain_key
 
@@ -74,7 +75,7 @@ def parse_keep_prefixes(value: Any) -> tuple[KeepPrefix, ...]:
     optionally ``name``, ``tenant`` and ``cache_salt`` (:mod:`kvtier.config.prefixes`).
     ValueError names what is wrong."""
     return tuple(KeepPrefix(e.name, e.tenant, e.token_ids, e.fields["cache_salt"] or None)
-                 for e in parse_prefixes(value, ("cache_salt",)))
+                 for e in parse_prefixes(value, PREFIX_FIELDS))
 
 
 class PrefixKeeper(Keeper):
