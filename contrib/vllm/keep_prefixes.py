@@ -105,8 +105,11 @@ class PrefixKeeper(Keeper):
         self._prefixes: dict[str, list[KeepPrefix]] = {}
         for prefix in prefixes:  # by the tenant its requests resolve to
             owner = prefix.tenant or tenant
-            owner = DEFAULT_TENANT if owner in shared else owner
-            self._prefixes.setdefault(owner, []).append(prefix)
+            owners = {DEFAULT_TENANT if owner in shared else owner}
+            if owner == tenant:  # the tier's own requests that name none come as its own
+                owners.add(tenant)
+            for name in owners:
+                self._prefixes.setdefault(name, []).append(prefix)
         self._tokens_per_hash = tokens_per_hash
         self._block_hashes = block_hashes
         self._block_hash_of = block_hash_of

@@ -105,7 +105,7 @@ def chains() -> Iterator[dict[str, Any]]:
     config = {"chain": [{"name": "ram", "backend": "host", "capacity": "8KiB",
                          "tenants": {"*": {"keep": "4KiB"}}}]}
     tenants = open_tenants(config, {"model": "m"})
-    yield {t: tenants.chain(t) for t in ("acme", "default")}
+    yield {t: tenants.chain(t) for t in ("acme", "default", "common")}
     tenants.close()
 
 
@@ -164,6 +164,25 @@ def test_another_tenant_s_blocks_of_the_same_tokens_are_not(chains: dict[str, An
         put(chains["default"], shared)
         made.done("default", shared, load=False)
         assert kept(made, 1) == 1
+    finally:
+        made.close()
+
+
+def test_an_engine_whose_own_tenant_is_shared_keeps_its_prefix(chains: dict[str, Any]) -> None:
+    # its requests come under its own name where they name none (or the client's name
+    # is ignored), under the default's where they name it (Tenancy.of): both are kept
+    made = PrefixKeeper(chains.get, threading.RLock(), [KeepPrefix("C", None, (7, 7))],
+                        tenant="common", shared=frozenset({"common"}), tokens_per_hash=2,
+                        block_hashes=lambda ids, per, salt: [bytes(ids[:2])],
+                        block_hash_of=lambda k: k[:-4])
+    try:
+        blocks = [key(7, 7)]
+        put(chains["common"], blocks)
+        made.done("common", blocks, load=False)  # an unnamed request
+        assert kept(made, 1) == 1
+        put(chains["default"], blocks)
+        made.done("default", blocks, load=False)  # one naming the shared tenant
+        assert kept(made, 2) == 2
     finally:
         made.close()
 
