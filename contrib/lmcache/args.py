@@ -22,7 +22,7 @@ import click
 
 from kvtier import Namespace
 from kvtier.block.namespace import DEFAULT_TENANT
-from kvtier.config.prefixes import check_prefix, prefix_from_text
+from kvtier.config.prefixes import check_prefix, prefixes_from_texts
 
 from .prefixes import PREFIX_FIELDS
 from .settings import AdapterSettings
@@ -130,12 +130,10 @@ def lmcache_args_command(
             {"kvtier_config": os.path.abspath(file), **params})
     except ValueError as exc:
         _fail(str(exc))
-    prefixes = []
-    for text in keep:  # each checked here, so that an error names the option's value
-        try:
-            prefixes.append(keep_prefix(prefix_from_text(text), settings))
-        except ValueError as exc:
-            _fail(f"--keep-prefix {text!r}: {exc}")
+    try:  # each checked here, so that an error names the option's value
+        prefixes = prefixes_from_texts(keep, lambda entry: keep_prefix(entry, settings))
+    except ValueError as exc:
+        _fail(str(exc))
     if prefixes:
         params["keep_prefixes"] = prefixes
     try:

@@ -13,7 +13,7 @@ import click
 
 from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import ChainConfig, load_config
-from kvtier.config.prefixes import check_prefix, prefix_from_text
+from kvtier.config.prefixes import check_prefix, prefixes_from_texts
 from kvtier.spec import ConfigError, KvtierError
 
 __all__ = [
@@ -188,12 +188,10 @@ def sglang_args_command(
             check_tenant(tenant)
         except ValueError as exc:
             _fail(f"--tenant: {exc}")
-    prefixes = []
-    for text in keep:  # each checked here, so that an error names the option's value
-        try:
-            prefixes.append(keep_prefix(prefix_from_text(text), tenant))
-        except ValueError as exc:
-            _fail(f"--keep-prefix {text!r}: {exc}")
+    try:  # each checked here, so that an error names the option's value
+        prefixes = prefixes_from_texts(keep, lambda entry: keep_prefix(entry, tenant))
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         args = sglang_args(file, layout=layout, interface_v1=not use_v0, tenant=tenant,
                            keep_prefixes=prefixes)

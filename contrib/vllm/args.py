@@ -22,7 +22,7 @@ import click
 
 from kvtier.block.namespace import DEFAULT_TENANT, check_tenant
 from kvtier.config import ChainConfig, load_config
-from kvtier.config.prefixes import check_prefix, prefix_from_text
+from kvtier.config.prefixes import check_prefix, prefixes_from_texts
 from kvtier.spec import ConfigError, KvtierError
 
 __all__ = [
@@ -312,13 +312,11 @@ def vllm_args_command(file: str, fmt: str, cpu_bytes: int | None, model_name: st
     copy in RAM; the tiers below it become one vLLM secondary tier.
     """
     trust = False if ignore_client_tenants else None
-    prefixes = []
-    for text in keep:  # each checked here, so that an error names the option's value
-        try:
-            prefixes.append(keep_prefix(prefix_from_text(text), tenant,
-                                        trust_client_tenant=trust))
-        except ValueError as exc:
-            _fail(f"--keep-prefix {text!r}: {exc}")
+    try:  # each checked here, so that an error names the option's value
+        prefixes = prefixes_from_texts(
+            keep, lambda entry: keep_prefix(entry, tenant, trust_client_tenant=trust))
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         config = kv_transfer_config(
             file, cpu_bytes_to_use=cpu_bytes, model_name=model_name, tenant=tenant,

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvtier.block.namespace import check_tenant
 
-__all__ = ["PrefixEntry", "check_prefix", "parse_prefixes", "prefix_from_text"]
+__all__ = ["PrefixEntry", "check_prefix", "parse_prefixes", "prefix_from_text",
+           "prefixes_from_texts"]
+
+T = TypeVar("T")
 
 _COMMON = frozenset({"name", "tenant", "token_ids", "token_ids_file"})
 
@@ -102,6 +105,18 @@ def prefix_from_text(text: str) -> dict[str, Any]:
                                  f"got {value!r}")
         else:
             out[key] = value
+    return out
+
+
+def prefixes_from_texts(texts: Iterable[str], check: Callable[[dict[str, Any]], T]) -> list[T]:
+    """Each ``--keep-prefix`` text read (:func:`prefix_from_text`) and checked by ``check``
+    (the command's own check of an entry); a ValueError names the text it is about."""
+    out = []
+    for text in texts:
+        try:
+            out.append(check(prefix_from_text(text)))
+        except ValueError as exc:
+            raise ValueError(f"--keep-prefix {text!r}: {exc}") from None
     return out
 
 
