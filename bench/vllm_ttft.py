@@ -3,7 +3,7 @@
     python bench/vllm_ttft.py [--tokens 2048] [--layers 8] [--hidden 1024]
         [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
         [--warm-cache] [--workdir DIR] [--io-threads 16] [--object [--object-heads]]
-        [--torch-copy] [--one-copy-thread] [--object-no-idle-sleep]
+        [--torch-copy] [--object-no-idle-sleep]
 
 Builds a random Llama (fp32, no tokenizer), then runs every engine in a
 process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -48,9 +48,6 @@ chart as an SVG to ``bench/charts/vllm-ttft-phases.svg``, and as a PNG
 (``vllm-ttft-phases.png`` in the work folder) where matplotlib is installed.
 ``--torch-copy`` adds ``kvtier-fs-torch-copy``: the same tier with the CPU
 worker copying with torch's ``copy_`` (its copy before numpy's).
-``--one-copy-thread`` adds ``kvtier-fs-one-copy-thread``: the same tier with
-the CPU worker copying in the calling thread alone
-(``kvtier.contrib.vllm.worker.COPY_THREADS = 1``).
 ``--object-no-idle-sleep`` (with ``--object``) adds
 ``kvtier-object-no-idle-sleep``: the object tier with the scheduler's idle
 sleep off (``kvtier.contrib.vllm.yielding.IDLE_SLEEP = 0``, each step only
@@ -87,8 +84,6 @@ HERE = Path(__file__).resolve().parent
 TAG = "VLLM-TTFT "
 #: kvtier's fs tier, with the CPU worker copying with torch's copy_ (``--torch-copy``)
 TORCH_COPY = "kvtier-fs-torch-copy"
-#: kvtier's fs tier, the CPU worker copying in one thread (``--one-copy-thread``)
-ONE_COPY_THREAD = "kvtier-fs-one-copy-thread"
 #: the object tier with ``lookup_index: 0``: a HEAD per block at lookup (``--object-heads``)
 OBJECT_HEADS = "kvtier-object-heads"
 #: the object tier with the scheduler's idle sleep off (``--object-no-idle-sleep``)
@@ -114,7 +109,7 @@ def child(args: argparse.Namespace) -> None:
         }
         if args.mode in ("store", "vllm-fs"):
             extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
-        if args.mode in ("store", "kvtier-fs", TORCH_COPY, ONE_COPY_THREAD):
+        if args.mode in ("store", "kvtier-fs", TORCH_COPY):
             extra["kvtier_config"] = args.kvtier_config
         if args.mode in ("kvtier-object", OBJECT_NO_IDLE):
             extra["kvtier_config"] = args.kvtier_object_config
@@ -124,10 +119,6 @@ def child(args: argparse.Namespace) -> None:
         from kvtier.contrib.vllm import worker
 
         worker._copy = lambda dst, src: dst.copy_(src)
-    if args.mode == ONE_COPY_THREAD:  # the CPU worker's copies in the calling thread alone
-        from kvtier.contrib.vllm import worker as copy_worker
-
-        copy_worker.COPY_THREADS = 1
     if args.mode == OBJECT_NO_IDLE:  # each idle step only yields, as before the sleep
         from kvtier.contrib.vllm import yielding
 
@@ -213,8 +204,6 @@ def main() -> None:
                         help=f"with --object, also time {OBJECT_HEADS}: lookup_index 0")
     parser.add_argument("--object-no-idle-sleep", action="store_true",
                         help=f"with --object, also time {OBJECT_NO_IDLE}: no idle sleep")
-    parser.add_argument("--one-copy-thread", action="store_true",
-                        help=f"also time {ONE_COPY_THREAD}: the CPU worker's copies in one thread")
     parser.add_argument("--torch-copy", action="store_true",
                         help=f"also time {TORCH_COPY}: the CPU worker copying with torch")
     args = parser.parse_args()
@@ -278,8 +267,6 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
     ]
     if args.torch_copy:
         modes.append((TORCH_COPY, kvtier_dir))
-    if args.one_copy_thread:
-        modes.append((ONE_COPY_THREAD, kvtier_dir))
     if args.object:
         modes.append(("kvtier-object", None))
     if args.object and args.object_heads:

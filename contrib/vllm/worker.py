@@ -14,13 +14,6 @@ them blind.
 A transfer naming a chunk outside the host region fails (its result says
 so) and copies nothing.
 
-A large transfer (a hit's load, :data:`SPLIT_MIN` or more) is cut into
-pieces of :data:`PIECE` bytes that the calling thread and one helper thread
-copy, each taking the next piece as it is free (``kvtier.spec.run_batch``):
-one thread's copy of a 2048-token prompt's 128 MiB ran at 9-10 GB/s, under
-what the memory moves for two.  The caller copies too, so a helper that is
-descheduled holds the transfer up by one piece at most.
-
 Supported: several KV-cache groups, ``blocks_per_chunk > 1`` (a chunk's
 first/last engine block may be partial, as in vLLM's worker), tensors with
 padded pages.  Not supported: vLLM's ``canonical_layout`` (refused by the
@@ -30,14 +23,12 @@ spec with a clear error).
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
 from kvtier.observe import phases
-from kvtier.spec import run_batch
 
 from ._compat import (
     CanonicalKVCaches,
@@ -47,14 +38,7 @@ from ._compat import (
     engine_blocks,
 )
 
-__all__ = ["COPY_THREADS", "PIECE", "SPLIT_MIN", "HostCopyWorker"]
-
-#: Threads a large transfer is copied by: the caller and ``COPY_THREADS - 1`` helpers.
-COPY_THREADS = 2
-#: A transfer of fewer bytes is copied by the calling thread alone.
-SPLIT_MIN = 16 << 20
-#: Bytes of a piece of a large transfer (whole blocks; at least one).
-PIECE = 4 << 20
+__all__ = ["HostCopyWorker"]
 
 
 def _engine_view(tensor: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -98,17 +82,6 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     np.copyto(dst.numpy(), src.numpy())
 
 
-def _pieces(dst: torch.Tensor, src: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``dst`` and ``src`` (2-D, a row a block) cut into pieces of whole rows, about
-    :data:`PIECE` bytes each."""
-    rows = max(1, PIECE // max(1, int(dst.shape[1])))
-    return [(dst[i : i + rows], src[i : i + rows]) for i in range(0, int(dst.shape[0]), rows)]
-
-
-def _copy_pair(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-    _copy(*pair)
-
-
 class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
     """An ``OffloadingWorker`` for vLLM's CPU platform (see the module docstring)."""
 
@@ -129,8 +102,6 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
             self._engine.append(engine)
             self._host.append(host.unflatten(1, (blocks_per_chunk, page)))
         self._done: list[TransferResult] = []
-        self._helpers = ThreadPoolExecutor(max(1, COPY_THREADS - 1),
-                                           thread_name_prefix="kvtier-copy")
 
     # OffloadingWorker --------------------------------------------------------
     # The engine side is a GPULoadStoreSpec up to vLLM 0.33 and DevicePointers
@@ -152,7 +123,6 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
         return None  # every copy finished inside its submit call
 
     def shutdown(self) -> None:
-        self._helpers.shutdown(wait=True)
         self._engine.clear()
         self._host.clear()
         self._tensors.clear()
@@ -188,7 +158,6 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
         bpc = self._bpc
         engine_pos = chunk_pos = 0
         nbytes = 0
-        copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (to, from)
         for refs, size, first_block in zip(self._refs, group_sizes, block_indices):
             if not size:
                 continue
@@ -213,18 +182,15 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
                         h = host[chunk : chunk + count, 0, :n]
                     else:  # consecutive blocks of one chunk
                         h = host[chunk, part : part + count, :n]
-                    copies.append((h, e) if to_host else (e, h))
+                    if to_host:
+                        _copy(h, e)
+                    else:
+                        _copy(e, h)
                 nbytes += size * n
             engine_pos += size
             chunk_pos += num_chunks
         if engine_pos != len(engine_ids) or chunk_pos != len(chunk_ids):
             raise ValueError("transfer spec lists more blocks than its group sizes say")
-        if nbytes < SPLIT_MIN or COPY_THREADS < 2:
-            for pair in copies:
-                _copy_pair(pair)
-        else:  # the caller and the helpers, each taking the next piece
-            pieces = [piece for to, src in copies for piece in _pieces(to, src)]
-            run_batch(self._helpers, COPY_THREADS, _copy_pair, pieces)
         phases.span("to host" if to_host else "to device", start, time.perf_counter(),
                     len(chunk_ids))
         self._done.append(
