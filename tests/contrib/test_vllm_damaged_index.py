@@ -69,8 +69,12 @@ def disk(result: dict[str, Any], phase: int) -> dict[str, Any]:
 def test_an_engine_starts_and_serves_over_a_damaged_pool_index(
         model_dir: str, tmp_path: Path) -> None:
     root = tmp_path / "shared"
+    # load_policy always: on a busy machine a read of the disk tier can take longer than
+    # the tiny model's recompute of its tokens, and the load decision then declines the
+    # later prompts' blocks, rightly; what this test checks is that they are served
     config = write_yaml(tmp_path / "tiers.yaml", [host_tier(), {
-        "name": "disk", "backend": "fs", "url": str(root), "capacity": "64MiB"}])
+        "name": "disk", "backend": "fs", "url": str(root), "capacity": "64MiB"}],
+        load_policy="always")
     phases = f"warm;{','.join(NAMES)}"
     engines = {"base": Engine(tmp_path / "base", model_dir, ",".join(NAMES), None),
                "a": Engine(tmp_path / "a", model_dir, phases, config)}
@@ -94,9 +98,7 @@ def test_an_engine_starts_and_serves_over_a_damaged_pool_index(
     # outputs as without offloading; B's RAM tier started empty: every block from disk
     assert runs(a, 1, "ids") == runs(b, 1, "ids") == baseline
     assert runs(b, 1, "num_cached_tokens") == {name: CACHED for name in NAMES}
-    # every block read once, the one-block reads that measured the disk tier included
-    # (B read what A learned of recomputing from the tier, so it weighs loads; the
-    # load takes the probed blocks from the probe, unless it came 10 s after its lookup)
+    # every block read once, any one-block reads that measured the disk tier included
     assert disk(b, 1)["probes"] <= 2 and disk(b, 1)["declined"] == 0
     assert 3 * BLOCKS <= disk(b, 1)["hits"] <= 3 * BLOCKS + disk(b, 1)["probes"]
     assert disk(b, 1)["healthy"] and disk(b, 1)["errors"] == 0 and disk(b, 1)["corrupt"] == 0
