@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -51,20 +50,10 @@ def printed(*args: str) -> tuple[str, dict[str, Any]]:
 
 def stored_chunks(tokens: list[int], salt: str, algorithm: str) -> list[tuple[str, bytes]]:
     """(salt, chunk hash) of the keys LMCache's server stores a request's chunks under."""
-    from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
-    from lmcache.v1.multiprocess.engine_context import MPCacheServerContext
-    from lmcache.v1.multiprocess.session import SessionManager
-    from lmcache.v1.multiprocess.token_hasher import TokenHasher
-    from lmcache_driver import MODEL
+    from lmcache_driver import stored_keys
 
-    context = SimpleNamespace(session_manager=SessionManager(
-        TokenHasher(chunk_size=TOKENS, hash_algorithm=algorithm), cleanup_interval=None))
-    key = IPCCacheServerKey(model_name=MODEL, world_size=1, worker_id=0,
-                            token_ids=tuple(tokens), start=0,
-                            end=len(tokens) - len(tokens) % TOKENS, request_id="r",
-                            cache_salt=salt)
-    keys = MPCacheServerContext.resolve_obj_keys(context, key, [0])[0]
-    return [(k.cache_salt, bytes(k.chunk_hash)) for k in keys]
+    return [(k.cache_salt, bytes(k.chunk_hash)) for k in stored_keys(tokens, salt, TOKENS,
+                                                                      algorithm)]
 
 
 @pytest.mark.parametrize("algorithm", ["blake3", "sha256_cbor"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,9 +22,6 @@ lmcache = pytest.importorskip(
 )
 
 from lmcache.v1.multiprocess.cache_control.key_resolver import resolve_object_keys  # noqa: E402
-from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: E402
-from lmcache.v1.multiprocess.engine_context import MPCacheServerContext  # noqa: E402
-from lmcache.v1.multiprocess.session import SessionManager  # noqa: E402
 from lmcache.v1.multiprocess.token_hasher import TokenHasher  # noqa: E402
 from lmcache_driver import (  # noqa: E402
     CHUNK,
@@ -38,6 +34,7 @@ from lmcache_driver import (  # noqa: E402
     store,
     write_yaml,
 )
+from lmcache_driver import stored_keys as driver_stored_keys  # noqa: E402
 
 from kvtier.contrib.lmcache.prefixes import KeepPrefix, parse_keep_prefixes  # noqa: E402
 
@@ -47,14 +44,8 @@ PROMPT = PREFIX + list(range(70, 70 + 2 * TOKENS - 5))  # five chunks in all
 
 
 def stored_keys(tokens: list[int], salt: str, algorithm: str = "blake3") -> list[Any]:
-    """The keys LMCache's server stores a request's chunks under (worker 0 of 1)."""
-    context = SimpleNamespace(session_manager=SessionManager(
-        TokenHasher(chunk_size=TOKENS, hash_algorithm=algorithm), cleanup_interval=None))
-    key = IPCCacheServerKey(model_name=MODEL, world_size=1, worker_id=0,
-                            token_ids=tuple(tokens), start=0,
-                            end=len(tokens) - len(tokens) % TOKENS, request_id="r",
-                            cache_salt=salt)
-    return list(MPCacheServerContext.resolve_obj_keys(context, key, [0])[0])
+    """The keys LMCache's server stores a request's chunks under, chunks of TOKENS."""
+    return driver_stored_keys(tokens, salt, TOKENS, algorithm)
 
 
 def adapter(tmp_path: Path, entry: dict[str, Any], name: str = "tiers.yaml",

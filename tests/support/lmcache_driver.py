@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -84,6 +85,24 @@ def fill(objs: list[Any], seed: int) -> list[bytes]:
 def okey(i: int, salt: str = "", rank: int = 0, group: int = 0, model: str = MODEL) -> ObjectKey:
     return ObjectKey(chunk_hash=i.to_bytes(8, "big") * 4, model_name=model, kv_rank=rank,
                      object_group_id=group, cache_salt=salt)
+
+
+def stored_keys(tokens: list[int], salt: str, chunk_size: int,
+                algorithm: str = "blake3") -> list[Any]:
+    """The keys LMCache's server stores a request's chunks under (worker 0 of 1, MODEL),
+    as its own session manager and key resolver compute them."""
+    from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+    from lmcache.v1.multiprocess.engine_context import MPCacheServerContext
+    from lmcache.v1.multiprocess.session import SessionManager
+    from lmcache.v1.multiprocess.token_hasher import TokenHasher
+
+    context = SimpleNamespace(session_manager=SessionManager(
+        TokenHasher(chunk_size=chunk_size, hash_algorithm=algorithm), cleanup_interval=None))
+    key = IPCCacheServerKey(model_name=MODEL, world_size=1, worker_id=0,
+                            token_ids=tuple(tokens), start=0,
+                            end=len(tokens) - len(tokens) % chunk_size, request_id="r",
+                            cache_salt=salt)
+    return list(MPCacheServerContext.resolve_obj_keys(context, key, [0])[0])
 
 
 def build(params: dict[str, Any]) -> KvtierL2Adapter:
