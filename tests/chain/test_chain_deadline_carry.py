@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deadline_chains import HOST_OF_FOUR, wait_until
+from deadline_chains import host_over_fs as config
+
 from kvtier import open_chain
 from kvtier.chain import Chain
 from kvtier.chain.carry import DeadlineRecord
@@ -29,24 +32,13 @@ def key(i: int) -> bytes:
     return b"carry-%04d" % i
 
 
-def config(root: Path, write: str, host: int | str = "64KiB", **fs: Any) -> dict[str, Any]:
-    return {"chain": [
-        {"name": "ram", "backend": "host", "capacity": host},
-        {"name": "disk", "backend": "fs", "url": f"file://{root}", "capacity": "1MiB",
-         "direct_io": False, "write": write, **fs}]}
-
-
-def wait_until(start: float, seconds: float) -> None:
-    time.sleep(max(0.0, start + seconds - time.monotonic()))
-
-
 def held(chain: Chain, tier: int, ids: list[int]) -> list[bool]:
     return chain.tiers[tier].lookup([key(i) for i in ids])
 
 
 def test_a_demoted_block_takes_its_deadline_down(tmp_path: Path) -> None:
     # a host tier of four blocks, written back: what it evicts is demoted to fs
-    with open_chain(config(tmp_path, "back", host=4500), {"model": "carry"}) as chain:
+    with open_chain(config(tmp_path, "back", host=HOST_OF_FOUR), {"model": "carry"}) as chain:
         chain.put([key(0), key(1)], [block(0), block(1)])
         assert chain.expire([key(0)], after=0.8) == [True]
         start = time.monotonic()  # the deadline is no later than start + after
@@ -80,7 +72,7 @@ def test_a_promoted_block_takes_its_deadline_up(tmp_path: Path) -> None:
 
 def test_a_copy_whose_deadline_passed_on_its_way_is_a_miss_where_it_lands(
         tmp_path: Path) -> None:
-    with open_chain(config(tmp_path, "back", host=4500), {"model": "carry"}) as chain:
+    with open_chain(config(tmp_path, "back", host=HOST_OF_FOUR), {"model": "carry"}) as chain:
         chain.put([key(0)], [block(0)])
         assert chain.expire([key(0)], after=0.3) == [True]
         start = time.monotonic()

@@ -5,13 +5,15 @@ files, and a second process on the fs pool."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from deadline_chains import HOST_OF_FOUR, host_over_fs, wait_until
 
 from kvtier import open_chain
 from kvtier.chain import Chain
@@ -29,16 +31,8 @@ def key(i: int) -> bytes:
     return b"record-%04d" % i
 
 
-def config(root: Path, write: str, host: int | str = 4500, **fs: Any) -> dict[str, Any]:
-    # host=4500: four blocks, so a few more puts push a block down to fs
-    return {"chain": [
-        {"name": "ram", "backend": "host", "capacity": host},
-        {"name": "disk", "backend": "fs", "url": f"file://{root}", "capacity": "1MiB",
-         "direct_io": False, "write": write, **fs}]}
-
-
-def wait_until(start: float, seconds: float) -> None:
-    time.sleep(max(0.0, start + seconds - time.monotonic()))
+# four blocks in the host tier, so a few more puts push a block down to fs
+config = functools.partial(host_over_fs, host=HOST_OF_FOUR)
 
 
 def held(chain: Chain, tier: int, ids: list[int]) -> list[bool]:
