@@ -9,9 +9,10 @@ and optionally ``name`` and ``tenant``, plus the string fields each engine
 hashes in besides the tokens (``cache_salt``; SGLang's ``extra_key``;
 LMCache's ``model_name``).  JSON only: nothing read is executed.
 
-The commands that print an engine's flag (``kvtier sglang-args``, ``kvtier
-lmcache-args``) take an entry as ``--keep-prefix`` text (:func:`prefix_from_text`)
-and write it checked, its file named by absolute path (:func:`check_prefix`).
+The commands that print an engine's flag (``kvtier vllm-args``, ``kvtier
+sglang-args``, ``kvtier lmcache-args``) take entries as ``--keep-prefix`` text
+(:func:`prefixes_from_texts`) and write them checked, a file named by absolute
+path (:func:`check_prefix`).
 """
 
 from __future__ import annotations
