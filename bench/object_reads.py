@@ -11,7 +11,10 @@ through a chain with one ``object`` tier, then, ``--reads`` times, interleaved:
 - ``get``: ``Chain.get`` by the backend's ``get`` (whole objects, then each checked and
   copied into the caller's buffer once all have landed): the path before ``get_into``;
 - ``get_into``: ``Chain.get`` straight into the caller's buffers, in runs, each checked
-  as it lands (:mod:`kvtier.chain.scatter`);
+  as it lands (:mod:`kvtier.chain.scatter`); the bodies received by the tier's own
+  sockets (``socket_reads``, backends/object/socket_reads.py);
+- ``get_into_obstore``: the same with ``socket_reads: false``: each body received by
+  obstore, then copied into the buffers;
 - ``lookup``: ``Chain.lookup`` of the batch by a chain without a presence cache: a
   HEAD per block;
 - ``lookup_index``: the same by a chain opened after the puts, its lookups answered
@@ -25,7 +28,8 @@ as vLLM's scheduler steps while a request waits on its load (contrib/vllm/tier.p
 handover, which a spinning thread gives only at a step's end or once per switch
 interval (5 ms).
 
-Prints each one's median in ms.  Every block read is compared with what was stored.
+Prints each one's median in ms, and the process's CPU time of the reads.  Every block
+read is compared with what was stored.
 """
 
 from __future__ import annotations
@@ -132,19 +136,28 @@ def main() -> None:
                     assert chain.lookup(keys) == [0] * len(keys)
                 return run
 
+            # bodies received by obstore and copied, as before socket_reads
+            by_obstore = open_chain({"chain": [{**tier, "socket_reads": False}]}, namespace=NS)
+
+            def read_by_obstore() -> None:
+                assert all(by_obstore.get(keys, outs))
+
             runs: dict[str, Callable[[], None]] = {
                 "raw": raw, "get": read(False), "get_into": read(True),
+                "get_into_obstore": read_by_obstore,
                 "lookup": lookup(uncached), "lookup_index": lookup(indexed)}
             times: dict[str, list[float]] = {name: [] for name in runs}
+            cpu: dict[str, list[float]] = {name: [] for name in runs}
             busy = Busy(args.busy_step_ms / 1000) if args.busy_step_ms > 0 else None
             for _ in range(args.reads):
                 for name, fn in runs.items():
                     for out in outs:
                         out[:8] = b"\0" * 8  # a stale buffer cannot pass for a read
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     fn()
                     times[name].append(time.perf_counter() - start)
-                    if name in ("get", "get_into"):
+                    cpu[name].append(time.process_time() - start_cpu)
+                    if name in ("get", "get_into", "get_into_obstore"):
                         assert all(bytes(o) == p for o, p in zip(outs, payloads)), name
             if busy is not None:
                 busy.stop()
@@ -152,6 +165,7 @@ def main() -> None:
             assert heads == 0, f"the indexed chain sent {heads} HEADs"
             uncached.close()
             indexed.close()
+            by_obstore.close()
         threads.shutdown()
     medians = {name: 1000 * statistics.median(t) for name, t in times.items()}
     busy_note = f", a thread busy in {args.busy_step_ms:g} ms steps" if args.busy_step_ms else ""
@@ -159,6 +173,8 @@ def main() -> None:
           f"median of {args.reads}: " + ", ".join(f"{n} {ms:.1f} ms" for n, ms in medians.items())
           + f"; get_into/raw {medians['get_into'] / medians['raw']:.2f}x"
           + f"; lookup_index/lookup {medians['lookup_index'] / medians['lookup']:.3f}x")
+    print("this process's CPU time, median ms: " + ", ".join(
+        f"{n} {1000 * statistics.median(t):.1f}" for n, t in cpu.items() if "lookup" not in n))
 
 
 if __name__ == "__main__":

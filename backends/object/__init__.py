@@ -32,12 +32,12 @@ batches in flight), docs/shared-capacity.md.  With ``capacity``, online sizing
 from this instance's gets and puts, with the policy in use: FIFO (the
 oldest object leaves first, whatever was read) or S3-FIFO miniatures.
 
-The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys`
-holds the presence cache and the capacity's index; :mod:`.tenancy` the
-tenant's bound, expiry and figures; :mod:`.reads` the obstore client and the
-reads straight into a caller's buffers (``kvtier_get_into``); :mod:`.kept` the
-marks of ``kvtier_keep`` (kept blocks), :mod:`.deadlines` those of ``kvtier_expire``.
-:mod:`.presence` holds the keys known stored, :mod:`.listing` reads a LIST's names.
+The package: :mod:`.faults` turns S3 errors into BackendErrors; :mod:`.keys` the presence
+cache and the capacity's index; :mod:`.tenancy` the tenant's bound, expiry and figures;
+:mod:`.reads` the obstore client and reads into a caller's buffers (``kvtier_get_into``),
+:mod:`.socket_reads` those over plain HTTP received in place; :mod:`.kept` the marks of
+``kvtier_keep``, :mod:`.deadlines` those of ``kvtier_expire``; :mod:`.presence` the keys
+known stored, :mod:`.listing` reads a LIST's names.
 
 May import :mod:`kvtier.block.buffers`, :mod:`kvtier.policies` and
 :mod:`kvtier.spec`.
@@ -80,7 +80,8 @@ from .kept import Keeping, KeptMarks, spare, trim
 from .keys import INDEXES, Index, KeyIndex, S3FifoIndex
 from .listing import NAMESPACE_RE, Listed, list_names, scan_entries
 from .presence import KNOWN_MAX, Presence
-from .reads import Scatter, read_into, s3_store
+from .reads import Scatter, check_bucket, check_prefix, read_into, s3_store
+from .socket_reads import SocketReads
 from .tenancy import TENANCY_OPTIONS, Tenancy
 
 __all__ = ["ObjectBackend"]
@@ -96,21 +97,10 @@ R = TypeVar("R")
 CLEANUP_INTERVAL = 60.0
 
 
-def _check_bucket(value: Any) -> None:
-    if not isinstance(value, str) or not value or "/" in value or value != value.strip():
-        raise ValueError(f"expected a bucket name, got {value!r}")
-
-
-def _check_prefix(value: Any) -> None:
-    parts = str(value).strip("/").split("/")
-    if value and str(value).strip("/") and any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"expected a key prefix such as kv/cache, got {value!r}")
-
-
 OPTIONS: Mapping[str, Option] = {
-    "bucket": Option("str", "bucket holding the blocks", required=True, check=_check_bucket),
+    "bucket": Option("str", "bucket holding the blocks", required=True, check=check_bucket),
     "endpoint": Option("str", "S3 endpoint URL; unset for AWS"),
-    "prefix": Option("str", "key prefix inside the bucket", default="", check=_check_prefix),
+    "prefix": Option("str", "key prefix inside the bucket", default="", check=check_prefix),
     "region": Option("str", "region used to sign requests", default="us-east-1"),
     "access_key_id": Option("str", "access key; unset: AWS_ACCESS_KEY_ID", secret=True),
     "secret_access_key": Option("str", "secret; unset: AWS_SECRET_ACCESS_KEY", secret=True),
@@ -124,6 +114,9 @@ OPTIONS: Mapping[str, Option] = {
         "duration", "how long a key this instance stored, read or listed answers lookups "
         "without a request (get stays the authority); 0 (or lookup_cache_ttl 0): off",
         default="10m"),
+    "socket_reads": Option("bool", "over an http:// endpoint, receive each GET's body straight "
+                           "into the engine's buffers (presigned, on kvtier's own sockets); "
+                           "false: every request through obstore", default=True),
     "capacity": CAPACITY,
     "eviction": eviction(INDEXES, default="fifo"),
     **TENANCY_OPTIONS,
@@ -150,6 +143,7 @@ class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
         self._lock = threading.Lock()
         self._store: S3Store | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._socket_reads: SocketReads | None = None  # bodies received in place (http://)
         self._concurrency = 1
         self._bucket = Bucket()  # names it in messages
         self._root = ""
@@ -213,6 +207,7 @@ class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
             raise self._bucket.fault(exc, "open") from exc
         with self._lock:
             self._store = store
+            self._socket_reads = SocketReads.for_options(store, options)
             self._concurrency = options["concurrency"]
             self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="kvtier-object")
             if self._cache.lifetime > 0 and self._index is None:  # no LIST at open yet
@@ -244,12 +239,14 @@ class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
             stats.update(self._tenancy.stats(None if self._index is None else self._index.used))
             stats.update(self._kept.stats())
         stats.update(self._sizing.stats())
+        if self._socket_reads is not None:
+            stats.update(self._socket_reads.stats())
         return stats
 
     def _close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
-            cleaner, lister = self._cleaner, self._lister
+            cleaner, lister, sockets = self._cleaner, self._lister, self._socket_reads
             self._cache.clear()
         # every put answered True finished its PUT before returning: nothing to flush
         for thread in (cleaner, lister):
@@ -257,6 +254,8 @@ class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
                 thread.join()
         if pool is not None:
             pool.shutdown(wait=True)
+        if sockets is not None:
+            sockets.close()
 
     # data path --------------------------------------------------------------
     def _put(
@@ -350,7 +349,9 @@ class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
 
     def _get_into(self, keys: Sequence[bytes], buffers: Scatter) -> Sequence[int | None]:
         store = self._live_store()  # each position read: a repeated key fills each's buffers
-        reads = self._map(lambda i: read_into(store, self._path(keys[i]), buffers[i]),
+        direct = self._socket_reads
+        reads = self._map(lambda i: read_into(store, self._path(keys[i]), buffers[i]) if direct
+                          is None else direct.read_into(self._path(keys[i]), buffers[i]),
                           range(len(keys)))
         return self._settle(store, keys, reads)
 

@@ -25,7 +25,7 @@ from .faults import Bucket, first_line
 if TYPE_CHECKING:
     from obstore.store import S3Config
 
-__all__ = ["CHUNK", "Scatter", "read_into", "s3_store"]
+__all__ = ["CHUNK", "Scatter", "check_bucket", "check_prefix", "read_into", "s3_store"]
 
 #: Per key, the writable buffers a block is read across, in order.
 Scatter = Sequence[Sequence[memoryview]]
@@ -67,43 +67,56 @@ def read_into(
     return filled, modified
 
 
+def check_bucket(value: Any) -> None:
+    """The ``bucket`` option's check: a name, no slash, no surrounding space."""
+    if not isinstance(value, str) or not value or "/" in value or value != value.strip():
+        raise ValueError(f"expected a bucket name, got {value!r}")
+
+
+def check_prefix(value: Any) -> None:
+    """The ``prefix`` option's check: slash-separated names, none empty, ``.`` or ``..``."""
+    parts = str(value).strip("/").split("/")
+    if value and str(value).strip("/") and any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"expected a key prefix such as kv/cache, got {value!r}")
+
+
 def s3_store(options: Mapping[str, Any], bucket: Bucket) -> S3Store:
-        """The obstore client for ``options``; ConfigError if obstore rejects them."""
-        endpoint = options["endpoint"]
-        config: S3Config = {"region": options["region"]}
-        if endpoint:
-            config["endpoint"] = endpoint
-        # explicit keys win; without them obstore reads AWS_* from the environment
-        if options["access_key_id"]:
-            config["access_key_id"] = options["access_key_id"]
-        if options["secret_access_key"]:
-            config["secret_access_key"] = options["secret_access_key"]
-        allow_http = options["allow_http"]
-        timeout = timedelta(seconds=options["request_timeout"])
-        try:
-            return S3Store(
-                options["bucket"],
-                config=config,
-                client_options={
-                    "allow_http": bool(endpoint and endpoint.startswith("http://"))
-                    if allow_http is None
-                    else bool(allow_http),
-                    "timeout": timeout,
-                    "connect_timeout": timedelta(seconds=options["connect_timeout"]),
+    """The obstore client for ``options``; ConfigError if obstore rejects them."""
+    endpoint = options["endpoint"]
+    config: S3Config = {"region": options["region"]}
+    if endpoint:
+        config["endpoint"] = endpoint
+    # explicit keys win; without them obstore reads AWS_* from the environment
+    if options["access_key_id"]:
+        config["access_key_id"] = options["access_key_id"]
+    if options["secret_access_key"]:
+        config["secret_access_key"] = options["secret_access_key"]
+    allow_http = options["allow_http"]
+    timeout = timedelta(seconds=options["request_timeout"])
+    try:
+        return S3Store(
+            options["bucket"],
+            config=config,
+            client_options={
+                "allow_http": bool(endpoint and endpoint.startswith("http://"))
+                if allow_http is None
+                else bool(allow_http),
+                "timeout": timeout,
+                "connect_timeout": timedelta(seconds=options["connect_timeout"]),
+            },
+            # object_store retries 10 times for up to 3 minutes by default;
+            # a dead server must become a fault within about one request
+            # timeout so that the chain skips the tier instead of hanging
+            retry_config={
+                "max_retries": 2,
+                "retry_timeout": timeout,
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=50),
+                    "max_backoff": timedelta(seconds=1),
+                    "base": 2,
                 },
-                # object_store retries 10 times for up to 3 minutes by default;
-                # a dead server must become a fault within about one request
-                # timeout so that the chain skips the tier instead of hanging
-                retry_config={
-                    "max_retries": 2,
-                    "retry_timeout": timeout,
-                    "backoff": {
-                        "init_backoff": timedelta(milliseconds=50),
-                        "max_backoff": timedelta(seconds=1),
-                        "base": 2,
-                    },
-                },
-            )
-        except Exception as exc:  # obstore checks the configuration here, without I/O
-            detail = bucket.scrub(first_line(exc))
-            raise ConfigError(f"{bucket.where}: {detail}") from None
+            },
+        )
+    except Exception as exc:  # obstore checks the configuration here, without I/O
+        detail = bucket.scrub(first_line(exc))
+        raise ConfigError(f"{bucket.where}: {detail}") from None

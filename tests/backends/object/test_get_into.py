@@ -28,10 +28,12 @@ def key(i: int) -> bytes:
     return b"into-%04d" % i
 
 
-@pytest.fixture
-def store(s3_server: SeaweedServer, bucket: str) -> Iterator[BackendHandle]:
+@pytest.fixture(params=[True, False], ids=["socket-reads", "obstore-reads"])
+def store(s3_server: SeaweedServer, bucket: str,
+          request: pytest.FixtureRequest) -> Iterator[BackendHandle]:
+    """The backend, its bodies received by its own sockets or by obstore (``socket_reads``)."""
     handle = BackendRegistry().create("object")
-    handle.open(object_options(s3_server, bucket), NS)
+    handle.open(object_options(s3_server, bucket, socket_reads=request.param), NS)
     yield handle
     handle.close()
 
