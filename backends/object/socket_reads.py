@@ -17,8 +17,10 @@ GIL released.  Every answer this path does not expect (a status other than
 error, an expired signature) closes the connection and hands the read to
 obstore (:func:`.reads.read_into`), which retries and turns the fault into a
 typed error as every other request does; a read answered that way is counted
-in ``socket_fallbacks``.  The bytes are checked by the tier as every block
-is: a body cut short or of another size is a miss, never data.
+in ``socket_fallbacks``.  A request with no answer within ``request_timeout``
+is a fault at once: a server that stalls one would stall obstore's as well.
+The bytes are checked by the tier as every block is: a body cut short or of
+another size is a miss, never data.
 
 HTTPS endpoints (and AWS) go through obstore: TLS decrypts into buffers of
 its own anyway.
@@ -104,6 +106,11 @@ class SocketReads:
         """:func:`.reads.read_into`'s answer for ``path``, the body received in place."""
         try:
             got = self._read(path, scatter)
+        except (TimeoutError, BlockingIOError) as exc:  # SO_RCVTIMEO, SO_SNDTIMEO ran out
+            # a server that stalls one request would stall obstore's too: a fault now,
+            # not a second wait of request_timeout
+            self._drop()
+            raise TimeoutError(f"no answer within {self._timeout:g} s ({path})") from exc
         except (OSError, _NotHere, ValueError):
             self._drop()
             self._count("socket_fallbacks")
@@ -120,7 +127,9 @@ class SocketReads:
         conn = self._connection()
         try:
             first = _ask(conn.sock, request)
-        except OSError:
+        except (TimeoutError, BlockingIOError):
+            raise  # a stalled server, not a closed connection
+        except OSError:  # reset: the server closed the idle connection
             if not conn.used:
                 raise
             first = b""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from types import TracebackType
 
 __all__ = ["TcpProxy"]
@@ -22,7 +23,7 @@ class TcpProxy:
     sides closed) after ``after`` bytes.  ``cut_all(after)``: every
     connection, open or new, ends after ``after`` more bytes of response.
     ``close_all()``: every open connection closed, as a server's idle
-    timeout or restart does.
+    timeout or restart does.  ``stalled``: set, no response byte is forwarded.
     """
 
     def __init__(self, target: tuple[str, int]) -> None:
@@ -34,6 +35,7 @@ class TcpProxy:
         self._cuts: list[int] = []
         self._cut_all: tuple[int, int] | None = None  # (generation, bytes)
         self.connections = 0
+        self.stalled = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True, name="tcp-proxy")
         self._thread.start()
 
@@ -91,6 +93,8 @@ class TcpProxy:
                 data = src.recv(1 << 16)
                 if not data:
                     break
+                while response and self.stalled.is_set():
+                    time.sleep(0.01)
                 if response and self._cut_all is not None and self._cut_all[0] != generation:
                     generation, cut = self._cut_all[0], self._cut_all[1]
                     sent = 0  # counted from the call on

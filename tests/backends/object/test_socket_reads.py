@@ -151,6 +151,24 @@ def test_a_kept_alive_connection_the_server_closed_is_opened_again(
     assert socket_stats(reader) == {"socket_reads": 2, "socket_fallbacks": 0}
 
 
+def test_a_stalled_response_is_a_fault_within_the_request_timeout(
+    s3_server: SeaweedServer, bucket: str, writer: BackendHandle, proxy: TcpProxy
+) -> None:
+    assert writer.put([b"stalled"], [blob(MIB, 9)], []) == [True]
+    handle = BackendRegistry().create("object")
+    handle.open(object_options(s3_server, bucket, prefix="socket-reads", endpoint=proxy.endpoint,
+                               concurrency=1, lookup_cache_ttl=0, timeout="1s"), NS)
+    try:
+        proxy.stalled.set()
+        with pytest.raises(BackendError, match="no answer within 1 s"):
+            handle.get_into([b"stalled"], [[memoryview(bytearray(MIB))]])
+        # not handed to obstore: its GET would have waited on the same server
+        assert socket_stats(handle) == {"socket_reads": 0, "socket_fallbacks": 0}
+    finally:
+        proxy.stalled.clear()
+        handle.close()
+
+
 def test_socket_reads_off_or_over_https_leave_every_request_to_obstore(
     s3_server: SeaweedServer, bucket: str, writer: BackendHandle
 ) -> None:
