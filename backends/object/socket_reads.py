@@ -44,7 +44,8 @@ from .reads import read_into
 
 __all__ = ["HEADER_MAX", "SIGNED_FOR", "SocketReads"]
 
-#: The longest response header read before the path gives up (S3 sends under 1 KiB).
+#: The longest response header read before the path gives up (S3 sends under 1 KiB),
+#: and the longest 404 body read off a connection to keep it (longer: it is closed).
 HEADER_MAX = 16 << 10
 #: How long a presigned URL stays valid: it is sent at once, so any bound over a
 #: request's duration will do.
@@ -142,9 +143,10 @@ class SocketReads:
         size = _length(headers)
         keep = headers.get("connection", "").lower() != "close"
         if status == 404:
-            self._receive(conn.sock, body, [memoryview(bytearray(size))] if size else [])
-            if not keep:
+            if size > HEADER_MAX or not keep:  # not read: the connection goes instead
                 self._drop()
+            else:  # the error document, read off so that the connection serves again
+                self._receive(conn.sock, body, [memoryview(bytearray(size))] if size else [])
             return None
         if status != 200:
             raise _NotHere(f"status {status}")
