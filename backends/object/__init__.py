@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import obstore
@@ -350,9 +351,8 @@ class ObjectBackend(Scan, GetInto, Keeping, Deadlines):
     def _get_into(self, keys: Sequence[bytes], buffers: Scatter) -> Sequence[int | None]:
         store = self._live_store()  # each position read: a repeated key fills each's buffers
         direct = self._socket_reads
-        reads = self._map(lambda i: read_into(store, self._path(keys[i]), buffers[i]) if direct
-                          is None else direct.read_into(self._path(keys[i]), buffers[i]),
-                          range(len(keys)))
+        read = partial(read_into, store) if direct is None else direct.read_into
+        reads = self._map(lambda i: read(self._path(keys[i]), buffers[i]), range(len(keys)))
         return self._settle(store, keys, reads)
 
     def _settle(self, store: S3Store, keys: Sequence[bytes],

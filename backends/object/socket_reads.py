@@ -187,29 +187,21 @@ class SocketReads:
     @staticmethod
     def _receive(sock: socket.socket, body: memoryview, scatter: Sequence[memoryview]) -> None:
         """Fill ``scatter`` with ``body``'s bytes, then the rest from ``sock``."""
-        views = list(scatter)
-        while body.nbytes and views:  # what came with the header: copied, a few KiB
+        views = [v for v in scatter if v.nbytes]
+        if body.nbytes > sum(v.nbytes for v in views):
+            raise _NotHere("more body than its length")
+        while body.nbytes:  # what came with the header: copied, a few KiB
             n = min(body.nbytes, views[0].nbytes)
             views[0][:n] = body[:n]
             body = body[n:]
-            views[0] = views[0][n:]
-            if not views[0].nbytes:
-                views.pop(0)
-        if body.nbytes:
-            raise _NotHere("more body than its length")
-        views = [v for v in views if v.nbytes]
+            _skip(views, n)
         while views:
             # one call, the GIL released, until every buffer is full (or a signal, a
             # timeout, the end: whatever came is skipped and the rest asked again)
             n = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
             if n == 0:
                 raise _NotHere("the connection ended inside the body")
-            while n:
-                take = min(n, views[0].nbytes)
-                n -= take
-                views[0] = views[0][take:]
-                if not views[0].nbytes:
-                    views.pop(0)
+            _skip(views, n)
 
     # connections ------------------------------------------------------------
     def _connection(self) -> _Connection:
@@ -239,6 +231,16 @@ class SocketReads:
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
+
+
+def _skip(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views``, and the views they empty."""
+    while n:
+        take = min(n, views[0].nbytes)
+        n -= take
+        views[0] = views[0][take:]
+        if not views[0].nbytes:
+            views.pop(0)
 
 
 def _ask(sock: socket.socket, request: bytes) -> bytes:
