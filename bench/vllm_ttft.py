@@ -4,7 +4,7 @@
         [--head-dim 128] [--kv-heads 8] [--processes 2] [--samples 3]
         [--warm-cache] [--workdir DIR] [--io-threads 16] [--object [--object-heads]]
         [--object-before]
-        [--torch-copy] [--object-no-idle-sleep]
+        [--torch-copy] [--one-copy-thread] [--object-no-idle-sleep]
 
 Builds a random Llama (fp32, no tokenizer), then runs every engine in a
 process of its own (vLLM's CPU build; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
@@ -55,6 +55,9 @@ chart as an SVG to ``bench/charts/vllm-ttft-phases.svg``, and as a PNG
 (``vllm-ttft-phases.png`` in the work folder) where matplotlib is installed.
 ``--torch-copy`` adds ``kvtier-fs-torch-copy``: the same tier with the CPU
 worker copying with torch's ``copy_`` (its copy before numpy's).
+``--one-copy-thread`` adds ``kvtier-fs-one-copy-thread``: the same tier with the
+CPU worker copying on one thread (``COPY_THREADS = 1``), as before it shared
+each large copy with a helper thread (:mod:`kvtier.contrib.vllm.parallel_copy`).
 ``--object-no-idle-sleep`` (with ``--object``) adds
 ``kvtier-object-no-idle-sleep``: the object tier with the scheduler's idle
 sleep off (``kvtier.contrib.vllm.yielding.IDLE_SLEEP = 0``, each step only
@@ -91,6 +94,8 @@ HERE = Path(__file__).resolve().parent
 TAG = "VLLM-TTFT "
 #: kvtier's fs tier, with the CPU worker copying with torch's copy_ (``--torch-copy``)
 TORCH_COPY = "kvtier-fs-torch-copy"
+#: kvtier's fs tier, with the CPU worker copying on one thread (``--one-copy-thread``)
+ONE_COPY_THREAD = "kvtier-fs-one-copy-thread"
 #: the object tier with ``lookup_index: 0``: a HEAD per block at lookup (``--object-heads``)
 OBJECT_HEADS = "kvtier-object-heads"
 #: the object tier with the scheduler's idle sleep off (``--object-no-idle-sleep``)
@@ -118,7 +123,7 @@ def child(args: argparse.Namespace) -> None:
         }
         if args.mode in ("store", "vllm-fs"):
             extra["secondary_tiers"].append({"type": "fs", "root_dir": args.vllm_dir})
-        if args.mode in ("store", "kvtier-fs", TORCH_COPY):
+        if args.mode in ("store", "kvtier-fs", TORCH_COPY, ONE_COPY_THREAD):
             extra["kvtier_config"] = args.kvtier_config
         if args.mode in ("kvtier-object", OBJECT_NO_IDLE):
             extra["kvtier_config"] = args.kvtier_object_config
@@ -130,6 +135,11 @@ def child(args: argparse.Namespace) -> None:
         from kvtier.contrib.vllm import worker
 
         worker._copy = lambda dst, src: dst.copy_(src)
+        worker.COPY_THREADS = 1  # one thread, as it copied then
+    if args.mode == ONE_COPY_THREAD:  # the CPU worker's copies before the helper thread
+        from kvtier.contrib.vllm import worker
+
+        worker.COPY_THREADS = 1
     if args.mode in (OBJECT_NO_IDLE, OBJECT_BEFORE):
         from kvtier.contrib.vllm import yielding
 
@@ -225,6 +235,8 @@ def main() -> None:
                         "idle steps waiting 2 ms")
     parser.add_argument("--torch-copy", action="store_true",
                         help=f"also time {TORCH_COPY}: the CPU worker copying with torch")
+    parser.add_argument("--one-copy-thread", action="store_true",
+                        help=f"also time {ONE_COPY_THREAD}: the CPU worker copying on one thread")
     args = parser.parse_args()
     if args.mode:
         child(args)
@@ -288,6 +300,8 @@ def run_all(args: argparse.Namespace, model: Path, vllm_dir: Path, kvtier_dir: P
     ]
     if args.torch_copy:
         modes.append((TORCH_COPY, kvtier_dir))
+    if args.one_copy_thread:
+        modes.append((ONE_COPY_THREAD, kvtier_dir))
     if args.object:
         modes.append(("kvtier-object", None))
     if args.object and args.object_heads:

@@ -37,8 +37,12 @@ from ._compat import (
     TransferResult,
     engine_blocks,
 )
+from .parallel_copy import ParallelCopy
 
-__all__ = ["HostCopyWorker"]
+__all__ = ["COPY_THREADS", "HostCopyWorker"]
+
+#: Threads that copy one transfer: the caller and a helper (:mod:`.parallel_copy`).
+COPY_THREADS = 2
 
 
 def _engine_view(tensor: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -102,6 +106,7 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
             self._engine.append(engine)
             self._host.append(host.unflatten(1, (blocks_per_chunk, page)))
         self._done: list[TransferResult] = []
+        self._parallel = ParallelCopy(_copy, threads=COPY_THREADS)
 
     # OffloadingWorker --------------------------------------------------------
     # The engine side is a GPULoadStoreSpec up to vLLM 0.33 and DevicePointers
@@ -123,6 +128,7 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
         return None  # every copy finished inside its submit call
 
     def shutdown(self) -> None:
+        self._parallel.shutdown()
         self._engine.clear()
         self._host.clear()
         self._tensors.clear()
@@ -158,6 +164,7 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
         bpc = self._bpc
         engine_pos = chunk_pos = 0
         nbytes = 0
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (destination, source)
         for refs, size, first_block in zip(self._refs, group_sizes, block_indices):
             if not size:
                 continue
@@ -182,15 +189,13 @@ class HostCopyWorker(OffloadingWorker):  # type: ignore[misc, unused-ignore]
                         h = host[chunk : chunk + count, 0, :n]
                     else:  # consecutive blocks of one chunk
                         h = host[chunk, part : part + count, :n]
-                    if to_host:
-                        _copy(h, e)
-                    else:
-                        _copy(e, h)
+                    pairs.append((h, e) if to_host else (e, h))
                 nbytes += size * n
             engine_pos += size
             chunk_pos += num_chunks
         if engine_pos != len(engine_ids) or chunk_pos != len(chunk_ids):
             raise ValueError("transfer spec lists more blocks than its group sizes say")
+        self._parallel(pairs)
         phases.span("to host" if to_host else "to device", start, time.perf_counter(),
                     len(chunk_ids))
         self._done.append(
