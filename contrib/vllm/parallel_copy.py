@@ -1,9 +1,11 @@
 """Large copies between the engine's KV cache and the host region, on two threads.
 
 One thread does not reach the memory's rate: on a 2-core machine a 128 MiB
-``numpy.copyto`` took 19.8-23.2 ms on one thread and 11.1-13.6 ms split over
-two (BENCHMARKS.md, "The copy to the device on two threads").  A hit waits
-for this copy after its whole load, so it is on every hit's critical path.
+copy took 19.3-20.3 ms (median) on one thread and 13.8-15.1 ms on two
+(``bench/host_copy.py``); in vLLM a 2048-token hit's copy into the engine's
+KV cache took 17.9-20.8 ms against 23.1-23.2 (BENCHMARKS.md, "The copy to
+the device on two threads").  A hit waits for this copy after its whole
+load, so it is on every hit's critical path.
 
 The two threads share the pieces of a copy rather than splitting it in
 halves: the calling thread takes pieces until none is left, and then waits
