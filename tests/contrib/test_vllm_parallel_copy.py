@@ -52,20 +52,21 @@ def test_a_shared_copy_is_byte_exact(threads: int) -> None:
 
 
 def test_the_helper_takes_pieces() -> None:
-    """The caller's first piece waits until the helper has copied one: both threads
-    copy (a copy that ran on the caller alone would wait out the timeout and fail)."""
-    helper_copied = threading.Event()
-    main = threading.get_ident()
+    """Each thread's first piece waits, once copied, until the other thread has
+    copied one too: both threads copy (a copy on one thread alone would wait out
+    the barrier's timeout and fail), whichever of them starts first."""
+    both_copied = threading.Barrier(2, timeout=10)
+    lock = threading.Lock()
     by_thread: dict[int, int] = {}
 
     def copy(dst: Any, src: Any) -> None:
-        me = threading.get_ident()
-        if me == main and not by_thread.get(main):
-            assert helper_copied.wait(10), "the helper took no piece"
         _copy(dst, src)
-        by_thread[me] = by_thread.get(me, 0) + 1
-        if me != main:
-            helper_copied.set()
+        me = threading.get_ident()
+        with lock:
+            first = me not in by_thread
+            by_thread[me] = by_thread.get(me, 0) + 1
+        if first:
+            both_copied.wait()
 
     pairs = pairs_of([(64, 131072)])  # 8 MiB: 8 pieces
     copier = ParallelCopy(copy, threads=2)
