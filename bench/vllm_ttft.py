@@ -131,15 +131,12 @@ def child(args: argparse.Namespace) -> None:
             extra["kvtier_config"] = args.kvtier_object_config.replace(".yaml", "-heads.yaml")
         if args.mode == OBJECT_BEFORE:
             extra["kvtier_config"] = args.kvtier_object_config.replace(".yaml", "-before.yaml")
-    if args.mode == TORCH_COPY:  # the CPU worker's copies as torch's copy_ made them
+    if args.mode in (TORCH_COPY, ONE_COPY_THREAD):  # the CPU worker's copies before...
         from kvtier.contrib.vllm import worker
 
-        worker._copy = lambda dst, src: dst.copy_(src)
-        worker.COPY_THREADS = 1  # one thread, as it copied then
-    if args.mode == ONE_COPY_THREAD:  # the CPU worker's copies before the helper thread
-        from kvtier.contrib.vllm import worker
-
-        worker.COPY_THREADS = 1
+        worker.COPY_THREADS = 1  # ... the helper thread
+        if args.mode == TORCH_COPY:  # ... and as torch's copy_ made them
+            worker._copy = lambda dst, src: dst.copy_(src)
     if args.mode in (OBJECT_NO_IDLE, OBJECT_BEFORE):
         from kvtier.contrib.vllm import yielding
 
