@@ -3,9 +3,10 @@
 One thread does not reach the memory's rate: on a 2-core machine a 128 MiB
 copy took 19.3-20.3 ms (median) on one thread and 13.8-15.1 ms on two
 (``bench/host_copy.py``); in vLLM a 2048-token hit's copy into the engine's
-KV cache took 17.9-20.8 ms against 23.1-23.2 (BENCHMARKS.md, "The copy to
-the device on two threads").  A hit waits for this copy after its whole
-load, so it is on every hit's critical path.
+KV cache took 17.9-21.8 ms at the median against 23.1-25.3 on one thread in
+the same runs (BENCHMARKS.md, "The copy to the device on two threads").
+A hit waits for this copy after its whole load, so it is on every hit's
+critical path.
 
 The two threads share the pieces of a copy rather than splitting it in
 halves: the calling thread takes pieces until none is left, and then waits
